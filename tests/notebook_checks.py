@@ -1,0 +1,148 @@
+"""Checks on the stored notebooks, written as functions that return a list of problems.
+
+The tests in test_notebooks.py run them on the book's notebooks (expecting no problems) and on
+small broken notebooks made for the purpose (expecting each problem to be found).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+# Outputs must not reveal where the book was executed.
+LOCAL_PATHS = re.compile(r"(/home/|/root/|/Users/|/tmp/|/work/|site-packages|[A-Z]:\\\\)")
+
+
+def toc_notebooks(toc_path: Path = ROOT / "_toc.yml") -> set[str]:
+    """The notebook files (relative to the root) that the table of contents lists."""
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                yield node["file"]
+            for value in node.values():
+                yield from walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                yield from walk(item)
+
+    toc = yaml.safe_load(toc_path.read_text())
+    return {f + ".ipynb" for f in walk(toc) if f.startswith("notebooks/")}
+
+
+def code_cells(nb) -> list:
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def _output_texts(cell):
+    for out in cell.get("outputs", []):
+        if out.output_type == "stream":
+            yield out.text
+        for mime, value in out.get("data", {}).items():
+            if mime.startswith("text/") or mime in ("application/javascript",):
+                yield value if isinstance(value, str) else "".join(value)
+
+
+def hygiene_problems(path: Path) -> list[str]:
+    """Executed top to bottom, no errors or stderr, no local paths, a title."""
+    nb = nbformat.read(path, as_version=4)
+    problems = []
+    first = nb.cells[0] if nb.cells else None
+    if first is None or first.cell_type != "markdown" or not first.source.startswith("# "):
+        problems.append("the first cell is not a markdown title ('# ...')")
+    cells = code_cells(nb)
+    for cell in cells:
+        if not cell.source.strip():
+            problems.append("an empty code cell")
+    counts = [c.execution_count for c in cells]
+    if counts != list(range(1, len(cells) + 1)):
+        problems.append(f"code cells not executed in order from 1 in one run: {counts}")
+    for i, cell in enumerate(cells, 1):
+        for out in cell.get("outputs", []):
+            if out.output_type == "error":
+                problems.append(f"code cell {i} stores an error: {out.get('ename')}")
+            if out.output_type == "stream" and out.name == "stderr":
+                problems.append(f"code cell {i} stores stderr output: {out.text[:80]!r}")
+        for text in _output_texts(cell):
+            match = LOCAL_PATHS.search(text)
+            if match:
+                problems.append(f"code cell {i} output shows a local path near {text[max(0, match.start() - 30):match.end() + 30]!r}")
+    return problems
+
+
+def _normalized(node: ast.AST) -> str:
+    """The AST without docstrings (comments never reach the AST)."""
+    node = ast.parse(ast.unparse(node))  # a fresh copy
+    for sub in ast.walk(node):
+        body = getattr(sub, "body", None)
+        if (isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module))
+                and body and isinstance(body[0], ast.Expr)
+                and isinstance(getattr(body[0], "value", None), ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            sub.body = body[1:] or [ast.Pass()]
+    return ast.dump(node, include_attributes=False)
+
+
+def _cell_python(source: str) -> str:
+    """Cell source as plain Python (IPython magics translated)."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    return TransformerManager().transform_cell(source)
+
+
+def teaching_marker(name: str) -> re.Pattern:
+    return re.compile(rf"#\s*teaching version of tfcore\.{re.escape(name)}\b", re.IGNORECASE)
+
+
+def sync_problems(path: Path, package=None) -> list[str]:
+    """A name that tfcore exports and the notebook defines again must be tfcore's own code, or be
+    marked in its cell with a comment '# teaching version of tfcore.NAME'."""
+    if package is None:
+        import tfcore as package
+    exported = {}
+    for name in package.__all__:
+        obj = getattr(package, name)
+        if inspect.isfunction(obj) or inspect.isclass(obj):
+            exported[name] = ast.parse(inspect.getsource(obj)).body[0]
+    problems = []
+    nb = nbformat.read(path, as_version=4)
+    for i, cell in enumerate(code_cells(nb), 1):
+        tree = ast.parse(_cell_python(cell.source))
+        for node in tree.body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if node.name not in exported:
+                continue
+            if _normalized(node) == _normalized(exported[node.name]):
+                continue
+            if teaching_marker(node.name).search(cell.source):
+                continue
+            problems.append(
+                f"code cell {i} defines {node.name}, which differs from tfcore.{node.name}: make it "
+                f"the same code, or mark the cell '# teaching version of tfcore.{node.name}'")
+    return problems
+
+
+def colab_problems(path: Path, repo_url: str) -> list[str]:
+    """The first code cell installs tfcore from this book's repository, and only on Colab."""
+    nb = nbformat.read(path, as_version=4)
+    cells = code_cells(nb)
+    source = cells[0].source if cells else ""
+    problems = []
+    if 'if "google.colab" in sys.modules' not in source:
+        problems.append("the first code cell does not guard its installs with the Colab check")
+    if f"git+{repo_url}" not in source:
+        problems.append(f"the first code cell does not install tfcore from {repo_url}")
+    return problems
+
+
+if __name__ == "__main__":  # handy by hand: python tests/notebook_checks.py notebooks/*.ipynb
+    for arg in sys.argv[1:]:
+        for problem in hygiene_problems(Path(arg)) + sync_problems(Path(arg)):
+            print(f"{arg}: {problem}")

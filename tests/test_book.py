@@ -1,0 +1,85 @@
+"""The book builds with warnings as errors, and the pages show the stored, nbval-verified outputs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from html import escape
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from notebook_checks import ROOT, toc_notebooks
+
+JUPYTER_BOOK = Path(sys.executable).with_name("jupyter-book")
+
+
+def build(source: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(JUPYTER_BOOK), "build", str(source), "-W", "--keep-going"],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def html() -> Path:
+    shutil.rmtree(ROOT / "_build", ignore_errors=True)
+    result = build(ROOT)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "WARNING" not in result.stdout + result.stderr
+    return ROOT / "_build" / "html"
+
+
+def test_every_toc_page_is_built(html):
+    pages = [html / Path(nb).with_suffix(".html") for nb in sorted(toc_notebooks())]
+    assert pages, "the table of contents lists no notebooks"
+    for page in pages + [html / "book" / "intro.html"]:
+        assert page.is_file() and page.stat().st_size > 10_000, page
+
+
+@pytest.mark.parametrize("notebook", sorted(toc_notebooks()))
+def test_page_shows_the_stored_outputs_and_figures(html, notebook):
+    page = (html / Path(notebook).with_suffix(".html")).read_text()
+    nb = nbformat.read(ROOT / notebook, as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    figures = [o for o in outputs if "image/png" in o.get("data", {})]
+    images = re.findall(r'<img alt="[^"]*" src="(\.\./_images/[^"]+\.png)"', page)
+    assert len(images) == len(figures)
+    for src in images:
+        assert (html / "notebooks" / src).resolve().stat().st_size > 5_000, src
+    # Every line of printed text appears on the page, HTML-escaped.
+    for text in (o.text for o in outputs if o.output_type == "stream"):
+        for line in filter(None, (l.strip() for l in text.splitlines())):
+            assert escape(line, quote=False) in page, line
+
+
+def test_colab_button_opens_the_chapter(html):
+    for notebook in sorted(toc_notebooks()):
+        page = (html / Path(notebook).with_suffix(".html")).read_text()
+        assert f"https://colab.research.google.com/github/" in page
+        assert re.search(rf'colab\.research\.google\.com/github/[^"]+/blob/main/{re.escape(notebook)}"', page)
+
+
+def test_the_build_fails_on_a_notebook_without_a_title(tmp_path):
+    (tmp_path / "_config.yml").write_text("title: t\nexecute:\n  execute_notebooks: 'off'\n")
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: untitled\n")
+    (tmp_path / "intro.md").write_text("# Intro\n")
+    nb = new_notebook(cells=[new_markdown_cell("no heading here"), new_code_cell("1")],
+                      metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                               "language": "python"},
+                                "language_info": {"name": "python"}})
+    nbformat.write(nb, tmp_path / "untitled.ipynb")
+    result = build(tmp_path)
+    log = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "WARNING" in log and "'untitled' that doesn't have a title" in log
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    command = re.search(r"^(\S.*?)\s+# run every test$", readme, re.MULTILINE).group(1)
+    ci_lines = [l for l in (ROOT / ".ci" / "run").read_text().splitlines()
+                if l.strip() and not l.startswith(("#", "set "))]
+    assert ci_lines == [command]

@@ -1,0 +1,185 @@
+"""The stored notebooks: listed in the book, executed, clean, in sync with tfcore, and really checked
+by nbval. Every check is also run on a broken notebook, to show that it can fail."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import nbformat
+import pytest
+import yaml
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from notebook_checks import (ROOT, colab_problems, hygiene_problems, sync_problems,
+                             toc_notebooks)
+
+NOTEBOOKS = sorted(ROOT.glob("notebooks/*.ipynb"))
+REPO_URL = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "no notebooks found in notebooks/"
+
+
+def test_every_notebook_is_in_the_toc_and_every_toc_entry_exists():
+    on_disk = {p.relative_to(ROOT).as_posix() for p in NOTEBOOKS}
+    listed = toc_notebooks()
+    assert not listed - on_disk, f"_toc.yml lists notebooks that do not exist: {listed - on_disk}"
+    assert not on_disk - listed, f"notebooks missing from _toc.yml: {on_disk - listed}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_hygiene(path):
+    assert hygiene_problems(path) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_agrees_with_tfcore(path):
+    assert sync_problems(path) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_opens_on_colab(path):
+    assert colab_problems(path, REPO_URL) == []
+
+
+# --- the same checks, shown to fail on broken notebooks -------------------------------------
+
+def _notebook(tmp_path, *cells, name="broken.ipynb"):
+    nb = new_notebook(cells=list(cells))
+    path = tmp_path / name
+    nbformat.write(nb, path)
+    return path
+
+
+def _executed(source, count, *outputs):
+    cell = new_code_cell(source, execution_count=count)
+    cell.outputs = list(outputs)
+    return cell
+
+
+def test_hygiene_accepts_a_clean_notebook(tmp_path):
+    path = _notebook(tmp_path, new_markdown_cell("# Title"),
+                     _executed("print(1)", 1, new_output("stream", name="stdout", text="1\n")))
+    assert hygiene_problems(path) == []
+
+
+@pytest.mark.parametrize("broken, expected", [
+    ([new_markdown_cell("no title"), _executed("x = 1", 1)], "title"),
+    ([new_markdown_cell("# T"), new_code_cell("x = 1")], "not executed in order"),
+    ([new_markdown_cell("# T"), _executed("x = 1", 2), _executed("y = 2", 1)], "not executed in order"),
+    ([new_markdown_cell("# T"), _executed("x = 1", 1), new_code_cell("")], "empty code cell"),
+    ([new_markdown_cell("# T"), _executed("1/0", 1, new_output("error", ename="ZeroDivisionError",
+                                                               evalue="", traceback=[]))], "error"),
+    ([new_markdown_cell("# T"), _executed("import warnings", 1,
+                                          new_output("stream", name="stderr", text="careful\n"))], "stderr"),
+    ([new_markdown_cell("# T"), _executed("print(path)", 1, new_output(
+        "stream", name="stdout", text="/root/project/.venv/lib/python3.11/site-packages/x.py\n"))], "local path"),
+    ([new_markdown_cell("# T"), _executed("path", 1, new_output(
+        "execute_result", data={"text/plain": "'/home/reader/book'"}, execution_count=1))], "local path"),
+])
+def test_hygiene_finds_each_problem(tmp_path, broken, expected):
+    problems = hygiene_problems(_notebook(tmp_path, *broken))
+    assert any(expected in p for p in problems), problems
+
+
+def test_toc_check_sees_a_missing_entry(tmp_path):
+    toc = tmp_path / "_toc.yml"
+    toc.write_text("format: jb-book\nroot: book/intro\nchapters:\n  - file: notebooks/01_a\n"
+                   "  - file: notebooks/02_b\n")
+    assert toc_notebooks(toc) == {"notebooks/01_a.ipynb", "notebooks/02_b.ipynb"}
+
+
+SETUP_COPY = '''
+def setup(seed: int = 0) -> torch.device:
+    """A different docstring does not matter."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    import huggingface_hub.utils
+    import transformers
+
+    huggingface_hub.utils.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    # comments do not matter either
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.set_printoptions(precision=4, sci_mode=False)
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+'''
+
+SETUP_DRIFTED = '''
+def setup(seed=0):
+    torch.manual_seed(seed)
+    return torch.device("cpu")
+'''
+
+
+def test_sync_accepts_tfcore_own_code(tmp_path):
+    path = _notebook(tmp_path, new_markdown_cell("# T"), _executed(SETUP_COPY, 1))
+    assert sync_problems(path) == []
+
+
+def test_sync_rejects_a_drifted_copy(tmp_path):
+    path = _notebook(tmp_path, new_markdown_cell("# T"), _executed(SETUP_DRIFTED, 1))
+    problems = sync_problems(path)
+    assert len(problems) == 1 and "differs from tfcore.setup" in problems[0], problems
+
+
+def test_sync_accepts_a_marked_teaching_version(tmp_path):
+    marked = "# Teaching version of tfcore.setup: only torch is seeded here.\n" + SETUP_DRIFTED
+    path = _notebook(tmp_path, new_markdown_cell("# T"), _executed(marked, 1))
+    assert sync_problems(path) == []
+
+
+def test_sync_sees_through_magics(tmp_path):
+    path = _notebook(tmp_path, new_markdown_cell("# T"), _executed("%matplotlib inline\n" + SETUP_DRIFTED, 1))
+    assert len(sync_problems(path)) == 1
+
+
+def test_colab_check_rejects_an_unguarded_install(tmp_path):
+    path = _notebook(tmp_path, new_markdown_cell("# T"), _executed("!pip install tfcore", 1))
+    assert len(colab_problems(path, REPO_URL)) == 2
+
+
+# --- nbval itself: a changed stored output must make it fail ---------------------------------
+
+def _nbval(path):
+    """Run nbval, strict, on one notebook, in a fresh pytest outside this project's config."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
+         "--nbval-sanitize-with", str(ROOT / "tests" / "sanitize.cfg"), path.name],
+        cwd=path.parent, capture_output=True, text=True, timeout=600)
+
+
+def test_nbval_fails_when_a_stored_output_changes(tmp_path):
+    source = ROOT / "notebooks" / "01_text_to_tensors.ipynb"
+    nb = json.loads(source.read_text())
+    # Keep the cells up to the first tokenization output, which holds the ids of the chapter.
+    cut = next(i for i, c in enumerate(nb["cells"])
+               if any("2051, 10029, 2066, 2019, 8612" in "".join(o.get("text", ""))
+                      for o in c.get("outputs", [])))
+    nb["cells"] = nb["cells"][:cut + 1]
+    control = tmp_path / "control" / "ch01.ipynb"
+    control.parent.mkdir()
+    control.write_text(json.dumps(nb))
+
+    changed_nb = json.loads(json.dumps(nb))
+    output = next(o for o in changed_nb["cells"][cut]["outputs"] if "2051" in "".join(o["text"]))
+    output["text"] = [line.replace("2051,", "2052,") for line in output["text"]]
+    changed = tmp_path / "changed" / "ch01.ipynb"
+    changed.parent.mkdir()
+    changed.write_text(json.dumps(changed_nb))
+
+    passed = _nbval(control)
+    assert passed.returncode == 0, passed.stdout[-3000:]
+    failed = _nbval(changed)
+    assert failed.returncode == 1, failed.stdout[-3000:]
+    assert "2052" in failed.stdout and "1 failed" in failed.stdout, failed.stdout[-3000:]
