@@ -1,0 +1,150 @@
+"""Attention: scaled dot-product attention, masks, one head, and multi-head attention (chapters 2-4).
+
+Shapes: ``B`` batch, ``H`` heads, ``Lq`` queries, ``Lk`` keys, ``d`` width of a query/key,
+``hidden`` the model width (``config.hidden_size``).
+
+Masks hold 1/True where attention is allowed and 0/False where it is blocked, everywhere in
+tfcore. A query whose keys are all blocked gets all-zero weights (and so a zero output), not NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def _check_attention_inputs(query, key, value):
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() not in (3, 4):
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 3-D [B, L, d] or 4-D [B, heads, L, d] tensor, got {shape}")
+    if not query.dim() == key.dim() == value.dim():
+        raise ValueError(f"query, key and value must have the same number of dimensions, got "
+                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"query and key must have the same last dimension (d_k) to be multiplied, got "
+                         f"query {tuple(query.shape)} and key {tuple(key.shape)}")
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"key and value must hold the same number of positions, got key "
+                         f"{tuple(key.shape)} and value {tuple(value.shape)}")
+
+
+def _broadcast_mask(mask: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """``mask`` as a bool tensor of exactly ``scores.shape``, or a ValueError naming both shapes."""
+    if mask.is_floating_point() and not ((mask == 0) | (mask == 1)).all():
+        raise ValueError("mask must hold 1/True (attend) and 0/False (blocked); it holds other values. "
+                         "An additive mask (0 and -inf) should be converted first: mask = additive == 0")
+    if scores.dim() == 4 and mask.dim() == 3:
+        mask = mask.unsqueeze(1)  # [B, Lq|1, Lk] -> [B, 1, Lq|1, Lk]: the same mask for every head
+    try:
+        if torch.broadcast_shapes(mask.shape, scores.shape) != scores.shape:
+            raise RuntimeError
+    except RuntimeError:
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast against the attention "
+                         f"scores of shape {tuple(scores.shape)} ([B, Lq, Lk] or [B, heads, Lq, Lk]); "
+                         f"use causal_mask(L) -> [1, L, L] or padding_mask(attention_mask) -> [B, 1, L]") from None
+    return mask.to(torch.bool).expand(scores.shape)
+
+
+def scaled_dot_product_attention(query, key, value, mask=None, dropout: nn.Module | None = None):
+    """softmax(query keyᵀ / √d) value, with an optional mask.
+
+    query ``[B, Lq, d]``, key ``[B, Lk, d]``, value ``[B, Lk, dv]`` (or with a heads axis:
+    ``[B, H, L, d]``). ``mask`` broadcasts against the scores ``[B, (H,) Lq, Lk]``; a 3-D mask
+    used with 4-D inputs applies to every head. ``dropout``, when given, is applied to the weights.
+
+    Returns ``(output [B, (H,) Lq, dv], weights [B, (H,) Lq, Lk])``.
+    """
+    _check_attention_inputs(query, key, value)
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
+    if mask is None:
+        weights = scores.softmax(dim=-1)
+    else:
+        allowed = _broadcast_mask(mask, scores)
+        # The most negative finite number instead of -inf: a row with every key blocked then
+        # gives a finite (uniform) softmax instead of NaN, and zeroing it below gives zeros.
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        weights = scores.softmax(dim=-1).masked_fill(~allowed, 0.0)
+    if dropout is not None:
+        weights = dropout(weights)
+    return weights @ value, weights
+
+
+def causal_mask(seq_len: int, device=None) -> torch.Tensor:
+    """``[1, L, L]`` bool, True on and below the diagonal: position i may look at positions ≤ i."""
+    return torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device)).unsqueeze(0)
+
+
+def padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """The tokenizer's ``attention_mask [B, L]`` (1 = real token) as a key mask ``[B, 1, L]``."""
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+        raise ValueError(f"attention_mask must be a 2-D [B, L] tensor of 0/1, got {shape}")
+    return attention_mask.to(torch.bool).unsqueeze(1)
+
+
+class AttentionHead(nn.Module):
+    """One attention head: learned projections to queries, keys and values, then attention.
+
+    ``[B, Lq, embed_dim]`` -> ``[B, Lq, head_dim]``.
+    """
+
+    def __init__(self, embed_dim: int, head_dim: int):
+        super().__init__()
+        self.q = nn.Linear(embed_dim, head_dim)
+        self.k = nn.Linear(embed_dim, head_dim)
+        self.v = nn.Linear(embed_dim, head_dim)
+
+    def forward(self, query, key=None, value=None, mask=None, return_weights=False):
+        """``key`` defaults to ``query`` and ``value`` to ``key`` (self-attention)."""
+        key = query if key is None else key
+        value = key if value is None else value
+        output, weights = scaled_dot_product_attention(self.q(query), self.k(key), self.v(value), mask)
+        return (output, weights) if return_weights else output
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention, fused: one projection for all heads, then a view into heads.
+
+    The weights are named as in BERT's self-attention (``query``, ``key``, ``value``) so that a
+    checkpoint maps onto them one to one; ``output_linear`` is BERT's ``attention.output.dense``.
+
+    ``forward(query [B, Lq, hidden], key [B, Lk, hidden] = query, value = key, mask)`` ->
+    ``[B, Lq, hidden]``; with ``return_weights=True``, also the weights ``[B, heads, Lq, Lk]``.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        hidden, heads = config.hidden_size, config.num_attention_heads
+        if hidden % heads:
+            raise ValueError(f"hidden_size ({hidden}) is not divisible by num_attention_heads ({heads}): "
+                             f"every head must get the same width; choose a hidden size that is a "
+                             f"multiple of {heads}, e.g. {heads * max(1, round(hidden / heads))}")
+        self.num_heads, self.head_dim, self.hidden_size = heads, hidden // heads, hidden
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.value = nn.Linear(hidden, hidden)
+        self.dropout = nn.Dropout(getattr(config, "attention_probs_dropout_prob", 0.0))
+        self.output_linear = nn.Linear(hidden, hidden)
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, L, hidden]`` -> ``[B, heads, L, head_dim]``."""
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, query, key=None, value=None, mask=None, return_weights=False):
+        key = query if key is None else key
+        value = key if value is None else value
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.hidden_size:
+                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"{name} must have shape [B, L, {self.hidden_size}] (hidden_size), got {shape}")
+        q = self._split_heads(self.query(query))
+        k = self._split_heads(self.key(key))
+        v = self._split_heads(self.value(value))
+        context, weights = scaled_dot_product_attention(q, k, v, mask, dropout=self.dropout)
+        batch, _, length, _ = context.shape
+        output = self.output_linear(context.transpose(1, 2).reshape(batch, length, self.hidden_size))
+        return (output, weights) if return_weights else output

@@ -1,0 +1,98 @@
+"""Attention views drawn by bertviz: neuron, head and model views (chapters 2, 4 and 7).
+
+Each helper returns an ``IPython.display.HTML`` object, so a notebook cell that ends with it
+shows the view, in Jupyter, on Colab and in the built book alike.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .checkpoint import load_pretrained, load_tokenizer
+
+
+def neuron_model(name: str | None = None):
+    """bertviz's own legacy ``BertModel`` holding the weights of a checkpoint, in eval mode, on the CPU.
+
+    The neuron view needs that class (it returns queries and keys as well as weights), and it
+    reads only ``config.json`` plus a ``pytorch_model.bin`` state dict, so we write both to a
+    temporary folder. It reports weights it could not place only at INFO level, so we check
+    that every one of them was loaded, and raise otherwise.
+    """
+    from bertviz.transformers_neuron_view import BertModel as NeuronBertModel
+
+    pretrained = load_pretrained(name).cpu()
+    state = pretrained.state_dict()
+    with tempfile.TemporaryDirectory() as folder:
+        config = pretrained.config.to_dict() | {"output_attentions": True}
+        (Path(folder) / "config.json").write_text(json.dumps(config))
+        torch.save(state, Path(folder) / "pytorch_model.bin")
+        loaded = NeuronBertModel.from_pretrained(folder, output_loading_info=True)
+    model, info = loaded if loaded is not None else (None, {})
+    if model is None or any(info.values()) or model.state_dict().keys() != state.keys():
+        raise RuntimeError(f"bertviz's neuron-view model did not take every weight of the checkpoint: "
+                           f"{info or 'no model returned'}")
+    return model.eval()
+
+
+def attention_inputs(sentence_a: str, sentence_b: str | None = None, model=None, tokenizer=None):
+    """Run a model on one sentence (or a pair) and return ``(attentions, tokens, sentence_b_start)``.
+
+    ``model`` is a transformers BERT (default: the pretrained checkpoint) or a tfcore encoder
+    that returns ``(hidden_states, attentions)`` with ``output_attentions=True``. ``attentions``
+    is a tuple with one ``[1, heads, L, L]`` tensor per layer, on the CPU, as bertviz takes it
+    (rounded to 4 decimals).
+    """
+    model = load_pretrained() if model is None else model
+    tokenizer = load_tokenizer() if tokenizer is None else tokenizer
+    device = next(model.parameters()).device
+    inputs = tokenizer(sentence_a, sentence_b, return_tensors="pt").to(device)
+    with torch.no_grad():
+        outputs = model(input_ids=inputs.input_ids, token_type_ids=inputs.token_type_ids,
+                        attention_mask=inputs.attention_mask, output_attentions=True)
+    attentions = outputs[1] if isinstance(outputs, tuple) else outputs.attentions
+    tokens = tokenizer.convert_ids_to_tokens(inputs.input_ids[0])
+    sentence_b_start = None
+    if sentence_b is not None:
+        sentence_b_start = int(inputs.token_type_ids[0].nonzero()[0])
+    # Four decimals are far below what a drawing can show, and keep the stored page small.
+    rounded = tuple(a.detach().cpu().double().round(decimals=4) for a in attentions)
+    return rounded, tokens, sentence_b_start
+
+
+def head_view(sentence_a: str, sentence_b: str | None = None, model=None, tokenizer=None,
+              layer: int | None = None, heads: list[int] | None = None):
+    """bertviz's head view: every head of one layer, as lines from each token to the ones it attends to."""
+    from bertviz import head_view as show
+
+    attentions, tokens, b_start = attention_inputs(sentence_a, sentence_b, model, tokenizer)
+    return show(attentions, tokens, sentence_b_start=b_start, layer=layer, heads=heads,
+                html_action="return")
+
+
+def model_view(sentence_a: str, sentence_b: str | None = None, model=None, tokenizer=None,
+               include_layers: list[int] | None = None):
+    """bertviz's model view: a thumbnail of every head in every layer."""
+    from bertviz import model_view as show
+
+    attentions, tokens, b_start = attention_inputs(sentence_a, sentence_b, model, tokenizer)
+    return show(attentions, tokens, sentence_b_start=b_start, include_layers=include_layers,
+                html_action="return")
+
+
+def neuron_view(sentence_a: str, sentence_b: str | None = None, layer: int = 0, head: int = 0,
+                model=None, tokenizer=None):
+    """bertviz's neuron view: the query and key vectors behind one head's weights.
+
+    ``model`` is a :func:`neuron_model` (built from the embedded checkpoint when not given).
+    """
+    from bertviz.neuron_view import show
+
+    model = neuron_model() if model is None else model
+    tokenizer = load_tokenizer() if tokenizer is None else tokenizer
+    return show(model, "bert", tokenizer, sentence_a, sentence_b, layer=layer, head=head,
+                html_action="return")
