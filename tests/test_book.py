@@ -14,6 +14,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from notebook_checks import ROOT, toc_notebooks
+from views import views
 
 JUPYTER_BOOK = Path(sys.executable).with_name("jupyter-book")
 
@@ -83,3 +84,24 @@ def test_ci_runs_the_readme_test_command():
     ci_lines = [l for l in (ROOT / ".ci" / "run").read_text().splitlines()
                 if l.strip() and not l.startswith(("#", "set "))]
     assert ci_lines == [command]
+
+
+def _stored_views(notebook: str) -> list[dict]:
+    nb = nbformat.read(ROOT / notebook, as_version=4)
+    return views("".join(o.get("data", {}).get("text/html", "")
+                         for c in nb.cells if c.cell_type == "code" for o in c.outputs))
+
+
+@pytest.mark.parametrize("notebook", sorted(toc_notebooks()))
+def test_page_carries_every_attention_view_of_its_notebook(html, notebook):
+    page = (html / Path(notebook).with_suffix(".html")).read_text()
+    built, stored = views(page), _stored_views(notebook)
+    assert sorted(v["root_div_id"] for v in built) == sorted(v["root_div_id"] for v in stored)
+    if built:  # the loader bertviz's scripts need is on the page
+        assert "require.min.js" in page and "require.config" in page
+
+
+def test_the_book_shows_every_kind_of_attention_view(html):
+    kinds = [v["kind"] for nb in sorted(toc_notebooks())
+             for v in views((html / Path(nb).with_suffix(".html")).read_text())]
+    assert {"neuron", "head", "model"} <= set(kinds), kinds

@@ -3,9 +3,12 @@ by nbval. Every check is also run on a broken notebook, to show that it can fail
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import subprocess
 import sys
+import textwrap
 
 import nbformat
 import pytest
@@ -92,28 +95,17 @@ def test_toc_check_sees_a_missing_entry(tmp_path):
     assert toc_notebooks(toc) == {"notebooks/01_a.ipynb", "notebooks/02_b.ipynb"}
 
 
-SETUP_COPY = '''
-def setup(seed: int = 0) -> torch.device:
-    """A different docstring does not matter."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+def _setup_copy() -> str:
+    """tfcore.setup's own code, with another docstring and an added comment."""
+    import tfcore
 
-    import huggingface_hub.utils
-    import transformers
+    source = textwrap.dedent(inspect.getsource(tfcore.setup))
+    docstring = ast.get_docstring(ast.parse(source).body[0], clean=False)
+    source = source.replace(docstring, "A different docstring does not matter.")
+    return source.replace("    random.seed(seed)", "    # comments do not matter either\n    random.seed(seed)")
 
-    huggingface_hub.utils.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
-    # comments do not matter either
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.set_printoptions(precision=4, sci_mode=False)
 
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-'''
+SETUP_COPY = _setup_copy()
 
 SETUP_DRIFTED = '''
 def setup(seed=0):
@@ -123,6 +115,7 @@ def setup(seed=0):
 
 
 def test_sync_accepts_tfcore_own_code(tmp_path):
+    assert "A different docstring" in SETUP_COPY and "# comments do not" in SETUP_COPY
     path = _notebook(tmp_path, new_markdown_cell("# T"), _executed(SETUP_COPY, 1))
     assert sync_problems(path) == []
 
