@@ -84,6 +84,23 @@ def model_view(sentence_a: str, sentence_b: str | None = None, model=None, token
                 html_action="return")
 
 
+class _Rounded(torch.nn.Module):
+    """Wraps a neuron-view model so that what bertviz stores is rounded to 4 decimals.
+
+    bertviz writes every query, key and weight into the page as JSON; full float precision
+    triples its size and shows nothing more.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args, **kwargs):
+        *outputs, per_layer = self.model(*args, **kwargs)
+        rounded = [{name: t.double().round(decimals=4) for name, t in layer.items()} for layer in per_layer]
+        return (*outputs, rounded)
+
+
 def neuron_view(sentence_a: str, sentence_b: str | None = None, layer: int = 0, head: int = 0,
                 model=None, tokenizer=None):
     """bertviz's neuron view: the query and key vectors behind one head's weights.
@@ -94,5 +111,5 @@ def neuron_view(sentence_a: str, sentence_b: str | None = None, layer: int = 0, 
 
     model = neuron_model() if model is None else model
     tokenizer = load_tokenizer() if tokenizer is None else tokenizer
-    return show(model, "bert", tokenizer, sentence_a, sentence_b, layer=layer, head=head,
+    return show(_Rounded(model), "bert", tokenizer, sentence_a, sentence_b, layer=layer, head=head,
                 html_action="return")
