@@ -19,7 +19,7 @@ from .encoder import Embeddings, TransformerEncoder, sinusoidal_positions
 from .heads import TransformerForSequenceClassification
 from .layers import FeedForward, TransformerEncoderLayer
 from .runtime import setup
-from .training import accuracy, train_classifier
+from .training import accuracy, load_word_senses, train_classifier
 
 __all__ = [
     "AttentionHead",
@@ -35,6 +35,7 @@ __all__ = [
     "load_config",
     "load_pretrained",
     "load_tokenizer",
+    "load_word_senses",
     "padding_mask",
     "scaled_dot_product_attention",
     "setup",

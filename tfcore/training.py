@@ -1,19 +1,46 @@
-"""A plain training loop for the classifier of chapter 8: AdamW, cross-entropy, one line per epoch."""
+"""A plain training loop for the classifier of chapter 8: AdamW, cross-entropy, one line per epoch.
+
+Data are tuples of tensors ``(*inputs, labels)`` with the examples along the first axis, for
+example ``(input_ids [N, L], attention_mask [N, L], labels [N])`` for a whole classifier, or
+``(features [N, hidden], labels [N])`` for a head trained on frozen features.
+"""
 
 from __future__ import annotations
+
+import csv
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+WORD_SENSES = Path(__file__).parent / "data" / "word_senses.csv"
+
+
+def load_word_senses(split: str) -> tuple[list[str], list[str], list[str]]:
+    """The book's word-sense dataset: ``(texts, labels, label_names)`` for ``split`` "train" or "test".
+
+    360 sentences written for this book, 60 for each sense of "flies" (verb/noun), "apple"
+    (fruit/company) and "bank" (river/finance); 45 of each in train, 15 in test. A label is
+    ``"word/sense"``; ``label_names`` is the sorted list of all six.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    with WORD_SENSES.open(newline="", encoding="utf-8") as file:
+        rows = list(csv.DictReader(file))
+    label_names = sorted({f"{row['word']}/{row['sense']}" for row in rows})
+    chosen = [row for row in rows if row["split"] == split]
+    return [row["text"] for row in chosen], [f"{row['word']}/{row['sense']}" for row in chosen], label_names
+
 
 @torch.no_grad()
-def accuracy(model, input_ids, attention_mask, labels, batch_size: int = 64) -> float:
-    """Share of correct argmax predictions; ``input_ids``/``attention_mask`` ``[N, L]``, ``labels [N]``."""
+def accuracy(model, *data, batch_size: int = 64) -> float:
+    """Share of correct argmax predictions of ``model(*inputs)`` on ``data = (*inputs, labels)``."""
     model.eval()
+    *inputs, labels = data
     correct = 0
     for start in range(0, len(labels), batch_size):
         batch = slice(start, start + batch_size)
-        logits = model(input_ids[batch], attention_mask[batch])
+        logits = model(*(x[batch] for x in inputs))
         correct += (logits.argmax(-1) == labels[batch]).sum().item()
     return correct / len(labels)
 
@@ -22,11 +49,11 @@ def train_classifier(model, train, test, epochs: int, lr: float, batch_size: int
                      seed: int = 0, log=print) -> dict:
     """Train the parameters of ``model`` that require gradients; return the history.
 
-    ``train`` and ``test`` are ``(input_ids [N, L], attention_mask [N, L], labels [N])``.
-    After each epoch it logs the mean training loss and the train and test accuracies, rounded
-    so that the line is stable from run to run. The order of the batches is seeded.
+    ``train`` and ``test`` are ``(*inputs, labels)``. After each epoch it logs the mean training
+    loss and the train and test accuracies, rounded so that the line is stable from run to run.
+    The order of the batches is seeded.
     """
-    input_ids, attention_mask, labels = train
+    *inputs, labels = train
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     order = torch.Generator().manual_seed(seed)
     history = {"loss": [], "train_accuracy": [], "test_accuracy": []}
@@ -35,7 +62,7 @@ def train_classifier(model, train, test, epochs: int, lr: float, batch_size: int
         losses = []
         for batch in torch.randperm(len(labels), generator=order).split(batch_size):
             batch = batch.to(labels.device)
-            loss = F.cross_entropy(model(input_ids[batch], attention_mask[batch]), labels[batch])
+            loss = F.cross_entropy(model(*(x[batch] for x in inputs)), labels[batch])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
