@@ -9,36 +9,48 @@ keeps the version later chapters import, and a test keeps the two in agreement.
 - ``layers``: feed-forward and the encoder layer, pre-LN or post-LN (chapter 5)
 - ``encoder``: positions, embeddings and the encoder stack, loadable with BERT's weights (6-7)
 - ``heads``: the sequence-classification head; ``training``: its training loop (chapter 8)
+- ``decoder``: the decoder, the encoder-decoder, greedy and beam search (chapters 9-10)
 - ``viz``: bertviz's neuron, head and model views (import ``tfcore.viz``)
 """
 
 from .attention import (AttentionHead, MultiHeadAttention, causal_mask, padding_mask,
                         scaled_dot_product_attention)
 from .checkpoint import CheckpointError, load_config, load_pretrained, load_tokenizer
+from .decoder import (EncoderDecoder, TransformerDecoder, TransformerDecoderLayer, beam_search,
+                      greedy_decode, make_model, sequence_log_prob)
 from .encoder import Embeddings, TransformerEncoder, sinusoidal_positions
 from .heads import TransformerForSequenceClassification
 from .layers import FeedForward, TransformerEncoderLayer
 from .runtime import setup
-from .training import accuracy, load_word_senses, train_classifier
+from .training import accuracy, digit_reversal, load_word_senses, train_classifier, train_seq2seq
 
 __all__ = [
     "AttentionHead",
     "CheckpointError",
     "Embeddings",
+    "EncoderDecoder",
     "FeedForward",
     "MultiHeadAttention",
+    "TransformerDecoder",
+    "TransformerDecoderLayer",
     "TransformerEncoder",
     "TransformerEncoderLayer",
     "TransformerForSequenceClassification",
     "accuracy",
+    "beam_search",
     "causal_mask",
+    "digit_reversal",
+    "greedy_decode",
     "load_config",
     "load_pretrained",
     "load_tokenizer",
     "load_word_senses",
+    "make_model",
     "padding_mask",
     "scaled_dot_product_attention",
+    "sequence_log_prob",
     "setup",
     "sinusoidal_positions",
     "train_classifier",
+    "train_seq2seq",
 ]

@@ -75,3 +75,55 @@ def train_classifier(model, train, test, epochs: int, lr: float, batch_size: int
                 f"train accuracy {history['train_accuracy'][-1]:.2f}  "
                 f"test accuracy {history['test_accuracy'][-1]:.2f}")
     return history
+
+
+# The toy translation task of chapter 10: reverse a sequence of 4 to 10 digits.
+PAD, BOS, EOS = 0, 1, 2
+DIGITS = 10  # digit d is token d + 3
+
+
+def digit_reversal(n: int, min_len: int = 4, max_len: int = 10, seed: int = 0):
+    """``n`` random digit sequences and their reversals: ``(src [n, max_len], tgt [n, max_len + 2])``.
+
+    ``src`` is the digits then PAD; ``tgt`` is BOS, the reversed digits, EOS, then PAD.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len + 1, (n,), generator=generator)
+    digits = torch.randint(3, 3 + DIGITS, (n, max_len), generator=generator)
+    src = torch.full((n, max_len), PAD)
+    tgt = torch.full((n, max_len + 2), PAD)
+    tgt[:, 0] = BOS
+    for i, length in enumerate(lengths.tolist()):
+        src[i, :length] = digits[i, :length]
+        tgt[i, 1:length + 1] = digits[i, :length].flip(0)
+        tgt[i, length + 1] = EOS
+    return src, tgt
+
+
+def train_seq2seq(model, src, tgt, steps: int, lr: float = 1e-3, batch_size: int = 64,
+                  warmup: int = 100, seed: int = 0, log_every: int = 100, log=print) -> list[float]:
+    """Teacher forcing: the decoder reads ``tgt[:, :-1]`` and learns to predict ``tgt[:, 1:]``.
+
+    Adam with a linear learning-rate warm-up over ``warmup`` steps; PAD is masked out of the
+    attention (source) and of the loss. Returns the loss of every step; logs the mean loss every
+    ``log_every`` steps.
+    """
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    order = torch.Generator().manual_seed(seed)
+    losses = []
+    model.train()
+    for step in range(1, steps + 1):
+        batch = torch.randint(0, len(src), (batch_size,), generator=order).to(src.device)
+        source, target = src[batch], tgt[batch]
+        log_probs = model.generator(model(source, target[:, :-1], (source != PAD).unsqueeze(1)))
+        loss = F.nll_loss(log_probs.flatten(0, 1), target[:, 1:].flatten(), ignore_index=PAD)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        if log is not None and step % log_every == 0:
+            log(f"step {step:4d}/{steps}  loss {sum(losses[-log_every:]) / log_every:.3f}")
+    model.eval()
+    return losses
