@@ -110,3 +110,20 @@ def test_views_finder_ignores_a_view_without_its_container(pretrained):
     html = viz.head_view(A, model=model, tokenizer=tokenizer).data
     without_div = html.replace("<div id=", "<div data-id=", 1)
     assert len(views(html)) == 1 and views(without_div) == []
+
+
+@pytest.mark.parametrize("kind", ["head", "model", "neuron"])
+def test_views_need_no_network(pretrained, neuron_model, kind):
+    model, tokenizer = pretrained
+    if kind == "neuron":
+        html = viz.neuron_view(A, model=neuron_model, tokenizer=tokenizer).data
+    else:
+        html = getattr(viz, f"{kind}_view")(A, B, model=model, tokenizer=tokenizer).data
+    assert "cdnjs" not in html and "http" not in html.split("inlined by tfcore.viz")[0]
+    assert html.count("RequireJS 2.3.6") == 1 and 'define("d3"' in html and 'define("jquery"' in html
+    assert viz._CDN_PATHS.search(html) is None  # bertviz's CDN paths for d3 and jQuery are gone
+
+
+def test_self_contained_refuses_unknown_bertviz_html():
+    with pytest.raises(RuntimeError, match="bertviz's HTML has changed"):
+        viz.self_contained(viz.HTML("<div>no loader here</div>"))

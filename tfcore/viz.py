@@ -1,18 +1,53 @@
 """Attention views drawn by bertviz: neuron, head and model views (chapters 2, 4 and 7).
 
 Each helper returns an ``IPython.display.HTML`` object, so a notebook cell that ends with it
-shows the view, in Jupyter, on Colab and in the built book alike.
+shows the view, in Jupyter, on Colab and in the built book alike. bertviz loads require.js,
+d3 and jQuery from a CDN; we inline copies of them from ``tfcore/vendor`` (fetched from npm,
+with their licences, by ``tools/vendor_js.py``), so a view draws with no network at all.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 
 import torch
+from IPython.display import HTML
 
 from .checkpoint import load_pretrained, load_tokenizer
+
+
+VENDOR = Path(__file__).parent / "vendor"
+_CDN_REQUIRE = re.compile(r'<script src="https://cdnjs\.cloudflare\.com/ajax/libs/require\.js/[^"]*"></script>')
+_CDN_PATHS = re.compile(r"require\.config\(\{\s*paths:\s*\{[^}]*\}\s*\}\);?")
+
+
+@lru_cache(maxsize=1)
+def _loader() -> str:
+    """require.js, then d3 and jQuery defined as named AMD modules, as inline scripts."""
+    def source(name: str) -> str:
+        return re.sub(r"//[#@] sourceMappingURL=\S+", "", (VENDOR / name).read_text(encoding="utf-8"))
+
+    def module(name: str, file: str) -> str:
+        return (f'define("{name}", [], function () {{ var module = {{exports: {{}}}}, exports = module.exports;\n'
+                f'{source(file)}\n;return module.exports; }});')
+
+    return ("<script>/* require.js 2.3.6 (MIT), d3 5.7.0 (BSD-3-Clause), jQuery 2.1.0 (MIT), inlined by "
+            "tfcore.viz */\n" + source("require.js") + "\n</script>\n<script>\nif (!window.__tfcore_viz_modules) {\n"
+            "window.__tfcore_viz_modules = true;\n" + module("d3", "d3.min.js") + "\n"
+            + module("jquery", "jquery.min.js") + "\n}\n</script>\n")
+
+
+def self_contained(view: HTML) -> HTML:
+    """A bertviz view with its CDN loads replaced by the inlined libraries."""
+    html, loads = _CDN_REQUIRE.subn(lambda _: _loader(), view.data)
+    html, configs = _CDN_PATHS.subn("", html)
+    if loads != 1 or configs != 1:
+        raise RuntimeError("bertviz's HTML has changed: expected one require.js tag and one require.config")
+    return HTML(html)
 
 
 def neuron_model(name: str | None = None):
@@ -70,8 +105,8 @@ def head_view(sentence_a: str, sentence_b: str | None = None, model=None, tokeni
     from bertviz import head_view as show
 
     attentions, tokens, b_start = attention_inputs(sentence_a, sentence_b, model, tokenizer)
-    return show(attentions, tokens, sentence_b_start=b_start, layer=layer, heads=heads,
-                html_action="return")
+    return self_contained(show(attentions, tokens, sentence_b_start=b_start, layer=layer, heads=heads,
+                               html_action="return"))
 
 
 def model_view(sentence_a: str, sentence_b: str | None = None, model=None, tokenizer=None,
@@ -80,8 +115,8 @@ def model_view(sentence_a: str, sentence_b: str | None = None, model=None, token
     from bertviz import model_view as show
 
     attentions, tokens, b_start = attention_inputs(sentence_a, sentence_b, model, tokenizer)
-    return show(attentions, tokens, sentence_b_start=b_start, include_layers=include_layers,
-                html_action="return")
+    return self_contained(show(attentions, tokens, sentence_b_start=b_start, include_layers=include_layers,
+                               html_action="return"))
 
 
 class _Rounded(torch.nn.Module):
@@ -111,5 +146,5 @@ def neuron_view(sentence_a: str, sentence_b: str | None = None, layer: int = 0, 
 
     model = neuron_model() if model is None else model
     tokenizer = load_tokenizer() if tokenizer is None else tokenizer
-    return show(_Rounded(model), "bert", tokenizer, sentence_a, sentence_b, layer=layer, head=head,
-                html_action="return")
+    return self_contained(show(_Rounded(model), "bert", tokenizer, sentence_a, sentence_b, layer=layer,
+                               head=head, html_action="return"))

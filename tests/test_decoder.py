@@ -1,0 +1,130 @@
+"""The decoder and encoder-decoder: causality, cross-attention shapes, decoding, a trained model."""
+
+import itertools
+
+import pytest
+import torch
+
+import tfcore
+from tfcore import beam_search, greedy_decode, make_model, sequence_log_prob
+from tfcore.training import BOS, EOS, PAD
+
+
+@pytest.fixture
+def small():
+    tfcore.setup(seed=0)
+    return make_model(7, 7, N=2, d_model=32, d_ff=64, h=4, dropout=0.0, verbose=False).eval()
+
+
+def test_make_model_prints_its_size(capsys):
+    model = make_model(11, 11)
+    printed = capsys.readouterr().out
+    assert printed == f"make_model: {sum(p.numel() for p in model.parameters()):,} parameters\n"
+    assert model.src_embed.d_model == 512 and len(model.decoder.layers) == 2
+
+
+def test_shapes_with_different_source_and_target_lengths(small):
+    src, tgt = torch.randint(3, 7, (2, 7)), torch.randint(3, 7, (2, 4))
+    hidden = small(src, tgt)
+    assert hidden.shape == (2, 4, 32)
+    log_probs = small.generator(hidden)
+    assert log_probs.shape == (2, 4, 7)
+    torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(2, 4))
+    layer = small.decoder.layers[0]
+    _, weights = layer.cross_attention(hidden, small.encode(src), return_weights=True)
+    assert weights.shape == (2, 4, 4, 7)  # [B, heads, target, source]
+
+
+def test_changing_future_targets_leaves_earlier_positions_unchanged(small):
+    src = torch.randint(3, 7, (3, 6))
+    tgt = torch.randint(3, 7, (3, 8))
+    changed = tgt.clone()
+    changed[:, 5:] = (tgt[:, 5:] - 3 + 1) % 4 + 3  # a different token at every position >= 5
+    before, after = small(src, tgt), small(src, changed)
+    torch.testing.assert_close(before[:, :5], after[:, :5], atol=1e-6, rtol=0)
+    assert (before[:, 5:] - after[:, 5:]).abs().amax(dim=-1).min() > 1e-3
+    # Without the causal mask the earlier positions do see the change: the test can fail.
+    unmasked = torch.ones(1, 8, 8, dtype=torch.bool)
+    assert not torch.allclose(small(src, tgt, tgt_mask=unmasked)[:, :5],
+                              small(src, changed, tgt_mask=unmasked)[:, :5], atol=1e-4)
+
+
+def test_source_padding_is_ignored(small):
+    src = torch.tensor([[3, 4, 5, PAD, PAD]])
+    other = torch.tensor([[3, 4, 5, 6, 6]])
+    tgt = torch.tensor([[BOS, 4, 5]])
+    torch.testing.assert_close(small(src, tgt, (src != PAD).unsqueeze(1)),
+                               small(other, tgt, (src != PAD).unsqueeze(1)), atol=1e-6, rtol=0)
+
+
+def test_beam_of_one_is_greedy(small):
+    src = torch.randint(3, 7, (4, 6))
+    mask = (src != PAD).unsqueeze(1)
+    greedy = greedy_decode(small, src, mask, max_len=8, start_symbol=BOS)
+    assert greedy.shape == (4, 8) and (greedy[:, 0] == BOS).all()
+    assert torch.equal(beam_search(small, src, mask, max_len=8, start_symbol=BOS, beam_size=1), greedy)
+
+
+def test_beam_as_wide_as_the_vocabulary_finds_the_most_probable_sequence(small):
+    src = torch.randint(3, 7, (3, 5))
+    mask = (src != PAD).unsqueeze(1)
+    found, scores = beam_search(small, src, mask, max_len=3, start_symbol=BOS, beam_size=7, return_scores=True)
+    for b in range(3):
+        candidates = torch.tensor([[BOS, x, y] for x, y in itertools.product(range(7), repeat=2)])
+        log_probs = sequence_log_prob(small, src[b:b + 1].expand(49, -1), mask[b:b + 1].expand(49, -1, -1), candidates)
+        best = candidates[log_probs.argmax()]
+        assert torch.equal(found[b], best), (found[b], best)
+        torch.testing.assert_close(scores[b], log_probs.max(), atol=1e-5, rtol=0)
+
+
+def test_sequence_log_prob_stops_at_the_end_symbol(small):
+    src = torch.randint(3, 7, (1, 5))
+    a = torch.tensor([[BOS, 4, EOS, 5, 6]])
+    b = torch.tensor([[BOS, 4, EOS, 3, 3]])
+    assert sequence_log_prob(small, src, None, a, EOS) == sequence_log_prob(small, src, None, b, EOS)
+    assert sequence_log_prob(small, src, None, a) != sequence_log_prob(small, src, None, b)
+
+
+def test_bad_source_ids_raise_a_clear_error(small):
+    with pytest.raises(ValueError, match=r"\[0, 7\)"):
+        small(torch.tensor([[3, 9]]), torch.tensor([[BOS]]))
+
+
+def _until_eos(sequence):
+    sequence = sequence.tolist()
+    return sequence[: sequence.index(EOS) + 1] if EOS in sequence else sequence
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """Chapter 10's recipe: about 50 s on 2 cores."""
+    tfcore.setup(seed=0)
+    src, tgt = tfcore.digit_reversal(20000, seed=0)
+    model = make_model(13, 13, N=2, d_model=128, d_ff=512, h=4, dropout=0.0, verbose=False)
+    tfcore.train_seq2seq(model, src, tgt, steps=1500, lr=1e-3, log=None)
+    return model, tfcore.digit_reversal(1000, seed=1)
+
+
+def test_trained_model_reverses_held_out_sequences(trained):
+    model, (src, tgt) = trained
+    output = greedy_decode(model, src, (src != PAD).unsqueeze(1), max_len=12, start_symbol=BOS)
+    accuracy = sum(_until_eos(o) == _until_eos(t) for o, t in zip(output, tgt)) / len(tgt)
+    assert accuracy >= 0.98, accuracy
+
+
+def test_beam_search_against_greedy_on_the_trained_model(trained):
+    """On a well-trained model beam search mostly returns greedy's sequence; when they differ
+    its sequence is, by construction of the search, usually the more probable one."""
+    model, (src, _) = trained
+    src = src[:200]
+    mask = (src != PAD).unsqueeze(1)
+    greedy = greedy_decode(model, src, mask, max_len=12, start_symbol=BOS)
+    beam = beam_search(model, src, mask, max_len=12, start_symbol=BOS, beam_size=4, end_symbol=EOS)
+    p_greedy = sequence_log_prob(model, src, mask, greedy, EOS)
+    beam = torch.cat([beam, torch.full((len(beam), 12 - beam.shape[1]), EOS)], dim=1)
+    p_beam = sequence_log_prob(model, src, mask, beam, EOS)
+    more = int((p_beam > p_greedy + 1e-4).sum())
+    less = int((p_beam < p_greedy - 1e-4).sum())
+    equal = len(src) - more - less
+    assert more + equal + less == 200
+    assert equal >= 180 and less <= more, (more, equal, less)
