@@ -15,7 +15,7 @@ export HF_HUB_DISABLE_PROGRESS_BARS := 1
 export TOKENIZERS_PARALLELISM := false
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: book test execute clean
+.PHONY: book test execute browser clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,15 @@ $(STAMP): requirements.txt pyproject.toml
 book: $(STAMP)
 	$(VENV)/bin/jupyter-book build . -W --keep-going
 
-test: $(STAMP)
+# The browser test drives Debian's Chromium (never a downloaded browser). Install it where apt is
+# at hand; elsewhere the browser test skips and says why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium is not installed and apt-get is not available: the browser test will be skipped"; fi; }
+
+test: $(STAMP) browser
 	$(PY) -m pytest
 
 # Re-execute notebooks in place in a fresh kernel (all, or NB=notebooks/01_text_to_tensors.ipynb).

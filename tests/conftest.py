@@ -1,7 +1,12 @@
 """Test-wide settings: no network, no progress bars. Set before anything imports the HF libraries."""
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -10,3 +15,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.pop("TFCORE_CHECKPOINT", None)  # the tests are about the embedded default
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def build(source: Path) -> subprocess.CompletedProcess:
+    """``jupyter-book build SOURCE -W --keep-going``: warnings are errors."""
+    jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    return subprocess.run([str(jupyter_book), "build", str(source), "-W", "--keep-going"],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def html() -> Path:
+    """A fresh build of the book, shared by the page checks and the browser test."""
+    shutil.rmtree(ROOT / "_build", ignore_errors=True)
+    result = build(ROOT)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "WARNING" not in result.stdout + result.stderr
+    return ROOT / "_build" / "html"

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCAL_PATHS = re.compile(r"(/home/|/root/|/Users/|/tmp/|/work/|site-packages|[A-Z]:\\\\)")
 
 
-def toc_notebooks(toc_path: Path = ROOT / "_toc.yml") -> set[str]:
-    """The notebook files (relative to the root) that the table of contents lists."""
+def toc_files(toc_path: Path = ROOT / "_toc.yml") -> list[str]:
+    """Every page of the table of contents, root first, in reading order (no file extension)."""
     def walk(node):
         if isinstance(node, dict):
             if "file" in node:
@@ -33,7 +33,12 @@ def toc_notebooks(toc_path: Path = ROOT / "_toc.yml") -> set[str]:
                 yield from walk(item)
 
     toc = yaml.safe_load(toc_path.read_text())
-    return {f + ".ipynb" for f in walk(toc) if f.startswith("notebooks/")}
+    return [toc["root"]] + list(walk(toc.get("parts", toc.get("chapters", []))))
+
+
+def toc_notebooks(toc_path: Path = ROOT / "_toc.yml") -> set[str]:
+    """The notebook files (relative to the root) that the table of contents lists."""
+    return {f + ".ipynb" for f in toc_files(toc_path) if f.startswith("notebooks/")}
 
 
 def code_cells(nb) -> list:

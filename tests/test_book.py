@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import sys
 from html import escape
 from pathlib import Path
 
@@ -13,31 +10,52 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from notebook_checks import ROOT, toc_notebooks
+from notebook_checks import ROOT, toc_files, toc_notebooks
 from views import views
 
-JUPYTER_BOOK = Path(sys.executable).with_name("jupyter-book")
+from conftest import build
 
 
-def build(source: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(JUPYTER_BOOK), "build", str(source), "-W", "--keep-going"],
-                          capture_output=True, text=True, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def html() -> Path:
-    shutil.rmtree(ROOT / "_build", ignore_errors=True)
-    result = build(ROOT)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert "WARNING" not in result.stdout + result.stderr
-    return ROOT / "_build" / "html"
+def test_no_cdn_in_the_built_book(html):
+    """Everything a page loads comes from the book: no CDN URL anywhere in the HTML."""
+    offenders = [p.relative_to(html).as_posix() for p in html.rglob("*.html")
+                 if re.search(r"cdnjs|jsdelivr|cdn\.mathjax", p.read_text())]
+    assert offenders == []
+    assert (html / "mathjax" / "tex-mml-chtml.js").is_file()
 
 
 def test_every_toc_page_is_built(html):
-    pages = [html / Path(nb).with_suffix(".html") for nb in sorted(toc_notebooks())]
-    assert pages, "the table of contents lists no notebooks"
-    for page in pages + [html / "book" / "intro.html"]:
+    pages = [html / (page + ".html") for page in toc_files()]
+    assert len(pages) >= 14, "the table of contents is missing pages"
+    for page in pages:
         assert page.is_file() and page.stat().st_size > 10_000, page
+
+
+def test_chapters_are_numbered_in_reading_order():
+    notebooks = [f for f in toc_files() if f.startswith("notebooks/")]
+    titles = [nbformat.read(ROOT / (f + ".ipynb"), as_version=4).cells[0].source.splitlines()[0]
+              for f in notebooks]
+    numbers = [int(re.match(r"# (\d+)\. ", t).group(1)) for t in titles]
+    assert numbers == list(range(1, len(notebooks) + 1)), titles
+    assert all(Path(f).name.startswith(f"{n:02d}_") for f, n in zip(notebooks, numbers))
+
+
+def test_previous_and_next_links_follow_the_table_of_contents(html):
+    pages = toc_files()
+    for before, page, after in zip(pages, pages[1:], pages[2:]):
+        text = (html / (page + ".html")).read_text()
+        previous = re.search(r'class="left-prev"\s+href="([^"]+)"', text)
+        following = re.search(r'class="right-next"\s+href="([^"]+)"', text)
+        assert previous and (html / page).parent.joinpath(previous.group(1)).resolve() == (html / (before + ".html")).resolve(), page
+        assert following and (html / page).parent.joinpath(following.group(1)).resolve() == (html / (after + ".html")).resolve(), page
+
+
+def test_landing_page_shows_the_chapter_map(html):
+    page = (html / "book" / "intro.html").read_text()
+    assert re.search(r'<img[^>]+src="../_images/chapter_map\.svg"', page)
+    svg = (ROOT / "book" / "chapter_map.svg").read_text()
+    for number in range(1, len(toc_notebooks()) + 1):
+        assert f"{number}. " in svg or f">{number}." in svg
 
 
 @pytest.mark.parametrize("notebook", sorted(toc_notebooks()))

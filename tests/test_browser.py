@@ -1,0 +1,134 @@
+"""The built book in a real browser (Debian's Chromium through Playwright), with the network cut.
+
+For every page of the table of contents: no console errors, every bertviz view draws SVG (the
+neuron views expanded to their query/key detail), every math block is typeset by the MathJax the
+book serves, every matplotlib figure is loaded and non-empty, every internal link resolves.
+Screenshots go to screenshots/ (git-ignored) for review.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+from notebook_checks import ROOT, toc_files
+from views import views
+
+CHROMIUM = Path("/usr/bin/chromium")
+SHOTS = ROOT / "screenshots"
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="Debian's chromium is not installed (make test installs it with apt-get where apt is available)")
+
+
+def pages(html: Path) -> list[Path]:
+    return [html / (page + ".html") for page in toc_files()]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield chromium
+        chromium.close()
+
+
+class Visit:
+    """One page, loaded offline: what it logged and what it tried to fetch from outside."""
+
+    def __init__(self, browser, path: Path):
+        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
+        self.errors, self.outside = [], []
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.route("**/*", self._route)
+        self.page.goto(path.as_uri(), wait_until="load")
+        self.page.wait_for_function("() => !window.MathJax || !window.MathJax.startup || "
+                                    "window.MathJax.startup.promise.then(() => true)", timeout=30_000)
+        self.page.wait_for_timeout(500)  # let the views' requirejs callbacks run
+
+    def _route(self, route):
+        if route.request.url.startswith("file://"):
+            route.continue_()
+        else:
+            self.outside.append(route.request.url)
+            route.abort()
+
+
+def _expand_neuron_view(page, div_id: str) -> int:
+    """Click the '+' of the first token (the view then shows the query, key, q x k and softmax
+    columns) and hover that token; return how many elements the expanded view shows (0 if hidden)."""
+    return page.evaluate("""id => {
+        const root = document.getElementById(id);
+        const expanded = root.querySelector('#expanded');
+        if (!expanded || expanded.getAttribute('visibility') !== 'hidden') return 0;  // starts collapsed
+        root.querySelector('#collapsed rect[width="16"]').dispatchEvent(new MouseEvent('click'));
+        root.querySelector('#expanded rect[width="16"]').parentNode.dispatchEvent(new MouseEvent('mouseover'));
+        return expanded.getAttribute('visibility') === 'visible' ? expanded.querySelectorAll('*').length : 0;
+    }""", div_id)
+
+
+def _internal_links(page, path: Path) -> list[str]:
+    broken = []
+    for href in page.eval_on_selector_all("a[href]", "els => els.map(e => e.getAttribute('href'))"):
+        parts = urlsplit(href)
+        if parts.scheme or href.startswith(("mailto:", "javascript:")) or not (parts.path or parts.fragment):
+            continue
+        target = (path.parent / unquote(parts.path)).resolve() if parts.path else path
+        if target.is_dir():
+            target = target / "index.html"
+        if not target.is_file():
+            broken.append(href)
+        elif parts.fragment and target.suffix == ".html" and \
+                not re.search(rf'id="{re.escape(unquote(parts.fragment))}"', target.read_text()):
+            broken.append(href)
+    return broken
+
+
+def test_every_page_renders_offline(html, browser):
+    SHOTS.mkdir(exist_ok=True)
+    found = {"pages": 0, "math": 0, "figures": 0, "neuron": 0, "head": 0, "model": 0}
+    problems = []
+    for path in pages(html):
+        name = path.relative_to(html).as_posix()
+        visit = Visit(browser, path)
+        page = visit.page
+        found["pages"] += 1
+        problems += [f"{name}: console error: {e}" for e in visit.errors]
+        problems += [f"{name}: tried to fetch {u}" for u in visit.outside]
+
+        math = page.eval_on_selector_all(".math", "els => els.map(e => !!e.querySelector('mjx-container'))")
+        found["math"] += len(math)
+        problems += [f"{name}: {math.count(False)} of {len(math)} math blocks not typeset"] if not all(math) else []
+
+        figures = page.eval_on_selector_all(
+            "img[src*='_images/']", "els => els.map(e => e.complete && e.naturalWidth > 100 && e.naturalHeight > 50)")
+        found["figures"] += len(figures)
+        problems += [f"{name}: {figures.count(False)} figures missing or empty"] if not all(figures) else []
+
+        for view in views(path.read_text()):
+            found[view["kind"]] += 1
+            div = view["root_div_id"]
+            drawn = page.evaluate("id => document.querySelectorAll(`#${id} svg *`).length", div)
+            if drawn < 20:
+                problems.append(f"{name}: {view['kind']} view {div} drew {drawn} SVG elements")
+            if view["kind"] == "neuron" and _expand_neuron_view(page, div) < 20:
+                problems.append(f"{name}: neuron view {div} did not expand to its query/key detail")
+
+        problems += [f"{name}: broken internal link {href}" for href in _internal_links(page, path)]
+        page.screenshot(path=str(SHOTS / (name.replace("/", "__") + ".png")), full_page=True)
+        page.close()
+
+    assert problems == [], "\n".join(problems)
+    # Not vacuous: the book has pages, math, figures and every kind of view.
+    assert found["pages"] == len(toc_files()) >= 14, found
+    assert found["math"] > 0 and found["figures"] > 10, found
+    assert min(found["neuron"], found["head"], found["model"]) >= 1, found
