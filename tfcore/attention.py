@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -32,7 +33,7 @@ def _check_attention_inputs(query, key, value):
 
 
 def _broadcast_mask(mask: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-    """``mask`` as a bool tensor of exactly ``scores.shape``, or a ValueError naming both shapes."""
+    """``mask`` as a bool tensor that broadcasts to ``scores.shape``, or a ValueError naming both."""
     if mask.is_floating_point() and not ((mask == 0) | (mask == 1)).all():
         raise ValueError("mask must hold 1/True (attend) and 0/False (blocked); it holds other values. "
                          "An additive mask (0 and -inf) should be converted first: mask = additive == 0")
@@ -45,28 +46,38 @@ def _broadcast_mask(mask: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast against the attention "
                          f"scores of shape {tuple(scores.shape)} ([B, Lq, Lk] or [B, heads, Lq, Lk]); "
                          f"use causal_mask(L) -> [1, L, L] or padding_mask(attention_mask) -> [B, 1, L]") from None
-    return mask.to(torch.bool).expand(scores.shape)
+    return mask.to(torch.bool)
 
 
-def scaled_dot_product_attention(query, key, value, mask=None, dropout: nn.Module | None = None):
+def scaled_dot_product_attention(query, key, value, mask=None, dropout: nn.Module | None = None,
+                                 need_weights: bool = True):
     """softmax(query keyᵀ / √d) value, with an optional mask.
 
     query ``[B, Lq, d]``, key ``[B, Lk, d]``, value ``[B, Lk, dv]`` (or with a heads axis:
     ``[B, H, L, d]``). ``mask`` broadcasts against the scores ``[B, (H,) Lq, Lk]``; a 3-D mask
     used with 4-D inputs applies to every head. ``dropout``, when given, is applied to the weights.
 
-    Returns ``(output [B, (H,) Lq, dv], weights [B, (H,) Lq, Lk])``.
+    Returns ``(output [B, (H,) Lq, dv], weights [B, (H,) Lq, Lk])``. With ``need_weights=False``
+    the weights are never formed: PyTorch's fused kernel computes the same output (zeros for a
+    fully masked row, as here) faster and in less memory, and ``weights`` is None.
     """
     _check_attention_inputs(query, key, value)
-    scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
-    if mask is None:
+    scores_shape = (*query.shape[:-1], key.shape[-2])
+    allowed = None if mask is None else _broadcast_mask(mask, torch.empty(scores_shape, device="meta"))
+    if not need_weights:
+        p = dropout.p if dropout is not None and dropout.training else 0.0
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, dropout_p=p), None
+    # Scaling the queries (Lq x d numbers) is cheaper than scaling the scores (Lq x Lk).
+    scores = (query / math.sqrt(query.shape[-1])) @ key.transpose(-2, -1)
+    if allowed is None:
         weights = scores.softmax(dim=-1)
     else:
-        allowed = _broadcast_mask(mask, scores)
         # The most negative finite number instead of -inf: a row with every key blocked then
-        # gives a finite (uniform) softmax instead of NaN, and zeroing it below gives zeros.
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        weights = scores.softmax(dim=-1).masked_fill(~allowed, 0.0)
+        # gives a finite (uniform) softmax instead of NaN, and we zero such rows below.
+        weights = scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min).softmax(dim=-1)
+        anything = allowed.any(dim=-1, keepdim=True)
+        if not anything.all():
+            weights = weights.masked_fill(~anything, 0.0)
     if dropout is not None:
         weights = dropout(weights)
     return weights @ value, weights
@@ -101,7 +112,8 @@ class AttentionHead(nn.Module):
         """``key`` defaults to ``query`` and ``value`` to ``key`` (self-attention)."""
         key = query if key is None else key
         value = key if value is None else value
-        output, weights = scaled_dot_product_attention(self.q(query), self.k(key), self.v(value), mask)
+        output, weights = scaled_dot_product_attention(self.q(query), self.k(key), self.v(value), mask,
+                                                       need_weights=return_weights)
         return (output, weights) if return_weights else output
 
 
@@ -144,7 +156,8 @@ class MultiHeadAttention(nn.Module):
         q = self._split_heads(self.query(query))
         k = self._split_heads(self.key(key))
         v = self._split_heads(self.value(value))
-        context, weights = scaled_dot_product_attention(q, k, v, mask, dropout=self.dropout)
+        context, weights = scaled_dot_product_attention(q, k, v, mask, dropout=self.dropout,
+                                                        need_weights=return_weights)
         batch, _, length, _ = context.shape
         output = self.output_linear(context.transpose(1, 2).reshape(batch, length, self.hidden_size))
         return (output, weights) if return_weights else output

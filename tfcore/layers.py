@@ -49,17 +49,18 @@ class TransformerEncoderLayer(nn.Module):
         self.feed_forward = FeedForward(config)
         self.layer_norm_2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def _attend(self, x, mask):
-        output, weights = self.attention(x, mask=mask, return_weights=True)
+    def _attend(self, x, mask, need_weights):
+        output, weights = self.attention(x, mask=mask, return_weights=True) if need_weights else \
+            (self.attention(x, mask=mask), None)
         return self.dropout(output), weights
 
     def forward(self, x, mask=None, output_attentions=False):
         if self.norm_first:
-            attended, weights = self._attend(self.layer_norm_1(x), mask)
+            attended, weights = self._attend(self.layer_norm_1(x), mask, output_attentions)
             x = x + attended
             x = x + self.feed_forward(self.layer_norm_2(x))
         else:
-            attended, weights = self._attend(x, mask)
+            attended, weights = self._attend(x, mask, output_attentions)
             x = self.layer_norm_1(x + attended)
             x = self.layer_norm_2(x + self.feed_forward(x))
         return (x, weights) if output_attentions else x

@@ -104,12 +104,15 @@ def train_seq2seq(model, src, tgt, steps: int, lr: float = 1e-3, batch_size: int
                   warmup: int = 100, seed: int = 0, log_every: int = 100, log=print) -> list[float]:
     """Teacher forcing: the decoder reads ``tgt[:, :-1]`` and learns to predict ``tgt[:, 1:]``.
 
-    Adam with a linear learning-rate warm-up over ``warmup`` steps; PAD is masked out of the
+    Adam with a linear learning-rate warm-up over ``warmup`` steps, then a linear decay to a
+    tenth of ``lr`` at the last step; PAD is masked out of the
     attention (source) and of the loss. Returns the loss of every step; logs the mean loss every
     ``log_every`` steps.
     """
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    # Linear warm-up, then a linear decay to a tenth: the late steps settle instead of jumping.
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min((step + 1) / warmup, 1.0 - 0.9 * max(0, step - warmup) / max(1, steps - warmup)))
     order = torch.Generator().manual_seed(seed)
     losses = []
     model.train()

@@ -25,11 +25,12 @@ PARTS = [  # (part, colour, [(number, short title, what you build)])
                                 (6, "Positions and the full encoder", "learned and sinusoidal"),
                                 (7, "Our encoder is BERT", "same numbers as transformers"),
                                 (8, "A classification head, trained", "pretrained beats scratch")]),
-    ("Decoder and family", "#ead1dc", [(9, "The decoder", "cross-attention, causality"),
+    ("Decoder, family, cost", "#ead1dc", [(9, "The decoder", "cross-attention, causality"),
                                        (10, "Training and inference", "greedy and beam search"),
-                                       (11, "The Transformer family tree", "three branches, their masks")]),
+                                       (11, "The Transformer family tree", "three branches, their masks"),
+                                       (12, "What attention costs", "time and memory, measured")]),
 ]
-EDGES = [(n, n + 1) for n in range(1, 11)]  # the reading order; each chapter builds on the last
+EDGES = [(n, n + 1) for n in range(1, 12)]  # the reading order; each chapter builds on the last
 
 
 def main() -> None:

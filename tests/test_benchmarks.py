@@ -1,0 +1,55 @@
+"""The benchmark: a smoke run of the script, and the targets checked on the committed full run."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from notebook_checks import ROOT
+
+RESULTS = ROOT / "benchmarks" / "results.json"
+ATTENTION_CASES = {"tfcore, no weights", "tfcore, with weights", "torch sdpa", "torch sdpa, math backend",
+                   "module: per-head (chapter 4)", "module: tfcore fused", "module: tfcore fused, with weights",
+                   "module: torch MultiheadAttention"}
+
+
+def test_smoke_run_writes_results_and_plot(tmp_path):
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert {"date", "torch", "transformers", "torch_threads", "platform"} <= set(results["machine"])
+    assert {r["what"] for r in results["attention"]} == ATTENTION_CASES
+    assert all(r["seconds"] > 0 for r in results["attention"] + results["encoder"])
+    assert {r["what"] for r in results["encoder"]} == {"tfcore encoder", "BertModel (eager)", "BertModel (sdpa)"}
+    assert all(r["max_abs_difference_to_sdpa"] < 1e-4 for r in results["encoder"])  # same weights, same outputs
+    assert len(results["memory"]) == 6 and (tmp_path / "results.png").stat().st_size > 10_000
+
+
+def _seconds(rows, what, **where):
+    [row] = [r for r in rows if r["what"] == what and r["device"] == "cpu" and all(r[k] == v for k, v in where.items())]
+    return row["seconds"]
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return json.loads(RESULTS.read_text())
+
+
+@pytest.mark.parametrize("length", [512, 2048])
+def test_committed_attention_meets_the_targets(committed, length):
+    rows = committed["attention"]
+    assert committed["machine"]["torch_threads"] == 2
+    fast = _seconds(rows, "tfcore, no weights", length=length) / _seconds(rows, "torch sdpa", length=length)
+    weights = _seconds(rows, "tfcore, with weights", length=length) / _seconds(rows, "torch sdpa, math backend", length=length)
+    assert fast <= 1.1, fast
+    assert weights <= 1.1, weights
+
+
+@pytest.mark.parametrize("batch, length", [(8, 128), (1, 512)])
+def test_committed_encoder_meets_the_target(committed, batch, length):
+    rows = committed["encoder"]
+    ours = _seconds(rows, "tfcore encoder", batch=batch, length=length)
+    best = min(_seconds(rows, f"BertModel ({impl})", batch=batch, length=length) for impl in ("eager", "sdpa"))
+    assert ours / best <= 1.05, ours / best
