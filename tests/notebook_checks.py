@@ -17,6 +17,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 # Outputs must not reveal where the book was executed.
+UNFINISHED = re.compile(r"\b[A-Z]+_PLACEHOLDER\b|\bTODO\b|\bTBD\b|\bFIXME\b")
 LOCAL_PATHS = re.compile(r"(/home/|/root/|/Users/|/tmp/|/work/|site-packages|[A-Z]:\\\\)")
 
 
@@ -61,6 +62,9 @@ def hygiene_problems(path: Path) -> list[str]:
     first = nb.cells[0] if nb.cells else None
     if first is None or first.cell_type != "markdown" or not first.source.startswith("# "):
         problems.append("the first cell is not a markdown title ('# ...')")
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and UNFINISHED.search(cell.source):
+            problems.append(f"unfinished text in a markdown cell: {UNFINISHED.search(cell.source).group(0)!r}")
     cells = code_cells(nb)
     for cell in cells:
         if not cell.source.strip():

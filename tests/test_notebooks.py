@@ -74,6 +74,7 @@ def test_hygiene_accepts_a_clean_notebook(tmp_path):
     ([new_markdown_cell("# T"), new_code_cell("x = 1")], "not executed in order"),
     ([new_markdown_cell("# T"), _executed("x = 1", 2), _executed("y = 2", 1)], "not executed in order"),
     ([new_markdown_cell("# T"), _executed("x = 1", 1), new_code_cell("")], "empty code cell"),
+    ([new_markdown_cell("# T"), new_markdown_cell("RESULTS_PLACEHOLDER"), _executed("x = 1", 1)], "unfinished text"),
     ([new_markdown_cell("# T"), _executed("1/0", 1, new_output("error", ename="ZeroDivisionError",
                                                                evalue="", traceback=[]))], "error"),
     ([new_markdown_cell("# T"), _executed("import warnings", 1,
