@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 # Outputs must not reveal where the book was executed.
 UNFINISHED = re.compile(r"\b[A-Z]+_PLACEHOLDER\b|\bTODO\b|\bTBD\b|\bFIXME\b")
+ANSI_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 LOCAL_PATHS = re.compile(r"(/home/|/root/|/Users/|/tmp/|/work/|site-packages|[A-Z]:\\\\)")
 
 
@@ -55,10 +58,22 @@ def _output_texts(cell):
                 yield value if isinstance(value, str) else "".join(value)
 
 
+MAX_BYTES = 1_000_000  # what a reader downloads: a notebook, or a page of the book
+# Code that reads the clock. What it measures depends on the machine and its load, so such a cell
+# may print only claims (tfcore.check lines, with the value inside "[this run: ...]").
+CLOCK = re.compile(r"\bperf_counter\b|\btime\.time\(|\btime\.monotonic\b|\btimeit\b|^\s*%%?time", re.MULTILINE)
+CLAIM_LINE = re.compile(r"^(✓|–) ")
+WALL_CLOCK_VERDICT = re.compile(r"(under|within|less than|faster than)[\w ]*(second|minute|ms\b)s?\W*(True|False)", re.IGNORECASE)
+
+
 def hygiene_problems(path: Path) -> list[str]:
-    """Executed top to bottom, no errors or stderr, no local paths, a title."""
+    """Executed top to bottom, no errors or stderr, no local paths, a title, under 1 MB, and no
+    clock reading in a compared output."""
     nb = nbformat.read(path, as_version=4)
     problems = []
+    size = path.stat().st_size
+    if size > MAX_BYTES:
+        problems.append(f"the notebook is {size:,} bytes, over the {MAX_BYTES:,} a reader should download")
     first = nb.cells[0] if nb.cells else None
     if first is None or first.cell_type != "markdown" or not first.source.startswith("# "):
         problems.append("the first cell is not a markdown title ('# ...')")
@@ -78,7 +93,15 @@ def hygiene_problems(path: Path) -> list[str]:
                 problems.append(f"code cell {i} stores an error: {out.get('ename')}")
             if out.output_type == "stream" and out.name == "stderr":
                 problems.append(f"code cell {i} stores stderr output: {out.text[:80]!r}")
+        if CLOCK.search(cell.source):
+            printed = [line for text in _output_texts(cell) for line in text.splitlines() if line.strip()]
+            unchecked = [line for line in printed if not CLAIM_LINE.match(line)]
+            if unchecked:
+                problems.append(f"code cell {i} reads the clock and prints {unchecked[0]!r}: a time depends on "
+                                f"the machine; print only claims (tfcore.check) about it")
         for text in _output_texts(cell):
+            if WALL_CLOCK_VERDICT.search(text):
+                problems.append(f"code cell {i} stores a wall-clock verdict {WALL_CLOCK_VERDICT.search(text).group(0)!r}")
             match = LOCAL_PATHS.search(text)
             if match:
                 problems.append(f"code cell {i} output shows a local path near {text[max(0, match.start() - 30):match.end() + 30]!r}")
@@ -139,7 +162,8 @@ def sync_problems(path: Path, package=None) -> list[str]:
 
 
 def colab_problems(path: Path, repo_url: str) -> list[str]:
-    """The first code cell installs tfcore from this book's repository, and only on Colab."""
+    """The first code cell installs tfcore from this book's repository, only on Colab, and is
+    removed from the built book (tag ``remove-cell``): a reader of the page has nothing to install."""
     nb = nbformat.read(path, as_version=4)
     cells = code_cells(nb)
     source = cells[0].source if cells else ""
@@ -148,6 +172,8 @@ def colab_problems(path: Path, repo_url: str) -> list[str]:
         problems.append("the first code cell does not guard its installs with the Colab check")
     if f"git+{repo_url}" not in source:
         problems.append(f"the first code cell does not install tfcore from {repo_url}")
+    if cells and "remove-cell" not in cells[0].metadata.get("tags", []):
+        problems.append("the first code cell (the Colab install) is not tagged 'remove-cell' for the book")
     return problems
 
 
@@ -155,3 +181,20 @@ if __name__ == "__main__":  # handy by hand: python tests/notebook_checks.py not
     for arg in sys.argv[1:]:
         for problem in hygiene_problems(Path(arg)) + sync_problems(Path(arg)):
             print(f"{arg}: {problem}")
+
+
+def nbval(*paths: Path, lax: bool = False, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+    """Run nbval on notebooks in a fresh pytest, outside this project's pytest config.
+
+    Strict by default (every stored output compared, after tests/sanitize.cfg). ``lax=True``
+    compares no output: a run passes when no cell raises, which is what a run under another seed
+    or checkpoint must show, since every claim the book makes is an assert (``tfcore.check``).
+    ``env`` is added to the environment of the kernel.
+    """
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--color=no", "--nbval-lax" if lax else "--nbval",
+               "--nbval-current-env", "--nbval-sanitize-with", str(ROOT / "tests" / "sanitize.cfg"),
+               "--nbval-cell-timeout", "600", *(str(p) for p in paths)]
+    result = subprocess.run(command, cwd=paths[0].parent, capture_output=True, text=True, timeout=timeout,
+                            env=os.environ | (env or {}))
+    result.stdout = ANSI_COLOURS.sub("", result.stdout)  # tracebacks from the kernel are coloured
+    return result

@@ -62,7 +62,8 @@ def test_pretrained_encoder_is_configured_as_bert(models):
 def test_weight_mapping_places_every_weight_and_refuses_unknown_names(models):
     _, bert, _ = models
     renamed = bert_to_tfcore(bert.state_dict())
-    assert set(renamed) == set(TransformerEncoder(bert.config).state_dict())
+    post_ln = BertConfig(**bert.config.to_dict(), norm_first=False)
+    assert set(renamed) == set(TransformerEncoder(post_ln).state_dict())
     with pytest.raises(KeyError, match="encoder.layer.0.crossattention.weight"):
         bert_to_tfcore({"encoder.layer.0.crossattention.weight": torch.zeros(1)})
 
@@ -86,6 +87,24 @@ def test_encoder_layer_shapes_and_arrangement(norm_first):
     else:  # pre-LN: the residual stream is the input plus the sublayers' outputs
         attended = layer.attention(layer.layer_norm_1(x))
         torch.testing.assert_close(out, x + attended + layer.feed_forward(layer.layer_norm_2(x + attended)))
+
+
+def test_pre_ln_encoder_normalises_once_at_each_end_and_post_ln_as_bert():
+    pre, post = TransformerEncoder(small_config()).eval(), TransformerEncoder(small_config(norm_first=False)).eval()
+    # pre-LN: no LayerNorm on the embeddings (the first layer normalises its input itself), a final one
+    assert pre.embeddings.layer_norm is None and isinstance(pre.final_layer_norm, torch.nn.LayerNorm)
+    # post-LN (BERT): the embeddings are normalised, and the last layer already ends with a LayerNorm
+    assert isinstance(post.embeddings.layer_norm, torch.nn.LayerNorm) and post.final_layer_norm is None
+    ids = torch.tensor([[5, 17, 42, 8, 99, 3]])
+    with torch.no_grad():
+        for encoder in (pre, post):  # either way the output of the stack is layer-normalised
+            out = encoder(ids)
+            torch.testing.assert_close(out.mean(-1), torch.zeros(1, 6), atol=1e-5, rtol=0)
+            torch.testing.assert_close(out.var(-1, unbiased=False), torch.ones(1, 6), atol=1e-3, rtol=0)
+        stream = pre.embeddings(ids)
+        for layer in pre.layers:
+            stream = layer(stream)
+        torch.testing.assert_close(pre(ids), pre.final_layer_norm(stream))
 
 
 def test_encoder_shapes_with_bert_base_defaults():

@@ -6,8 +6,6 @@ from __future__ import annotations
 import ast
 import inspect
 import json
-import subprocess
-import sys
 import textwrap
 
 import nbformat
@@ -15,7 +13,7 @@ import pytest
 import yaml
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from notebook_checks import (ROOT, colab_problems, hygiene_problems, sync_problems,
+from notebook_checks import (ROOT, colab_problems, hygiene_problems, nbval, sync_problems,
                              toc_notebooks)
 
 NOTEBOOKS = sorted(ROOT.glob("notebooks/*.ipynb"))
@@ -83,10 +81,23 @@ def test_hygiene_accepts_a_clean_notebook(tmp_path):
         "stream", name="stdout", text="/root/project/.venv/lib/python3.11/site-packages/x.py\n"))], "local path"),
     ([new_markdown_cell("# T"), _executed("path", 1, new_output(
         "execute_result", data={"text/plain": "'/home/reader/book'"}, execution_count=1))], "local path"),
+    ([new_markdown_cell("# T"), _executed("t = time.perf_counter()\nprint(time.perf_counter() - t)", 1,
+                                          new_output("stream", name="stdout", text="0.42\n"))], "reads the clock"),
+    ([new_markdown_cell("# T"), _executed("print('trained in under two minutes:', s < 120)", 1, new_output(
+        "stream", name="stdout", text="trained in under two minutes: True\n"))], "wall-clock verdict"),
+    ([new_markdown_cell("# T"), _executed("big", 1, new_output(
+        "execute_result", data={"text/plain": "x" * 1_000_001}, execution_count=1))], "over the 1,000,000"),
 ])
 def test_hygiene_finds_each_problem(tmp_path, broken, expected):
     problems = hygiene_problems(_notebook(tmp_path, *broken))
     assert any(expected in p for p in problems), problems
+
+
+def test_hygiene_accepts_a_clock_that_prints_only_claims(tmp_path):
+    source = "t = time.perf_counter()\nseconds = time.perf_counter() - t\ntfcore.check('fast', seconds < 9, measured=seconds)"
+    path = _notebook(tmp_path, new_markdown_cell("# T"), _executed(source, 1, new_output(
+        "stream", name="stdout", text="✓ fast  [this run: 0.001]\n")))
+    assert hygiene_problems(path) == []
 
 
 def test_toc_check_sees_a_missing_entry(tmp_path):
@@ -140,18 +151,20 @@ def test_sync_sees_through_magics(tmp_path):
 
 def test_colab_check_rejects_an_unguarded_install(tmp_path):
     path = _notebook(tmp_path, new_markdown_cell("# T"), _executed("!pip install tfcore", 1))
-    assert len(colab_problems(path, REPO_URL)) == 2
+    assert len(colab_problems(path, REPO_URL)) == 3
+
+
+def test_colab_check_wants_the_install_cell_out_of_the_book(tmp_path):
+    source = f'import sys\nif "google.colab" in sys.modules:\n    !pip install "tfcore[book] @ git+{REPO_URL}"'
+    cell = _executed(source, 1)
+    path = _notebook(tmp_path, new_markdown_cell("# T"), cell)
+    assert colab_problems(path, REPO_URL) == ["the first code cell (the Colab install) is not tagged 'remove-cell' for the book"]
+    cell.metadata["tags"] = ["remove-cell"]
+    path = _notebook(tmp_path, new_markdown_cell("# T"), cell, name="tagged.ipynb")
+    assert colab_problems(path, REPO_URL) == []
 
 
 # --- nbval itself: a changed stored output must make it fail ---------------------------------
-
-def _nbval(path):
-    """Run nbval, strict, on one notebook, in a fresh pytest outside this project's config."""
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
-         "--nbval-sanitize-with", str(ROOT / "tests" / "sanitize.cfg"), path.name],
-        cwd=path.parent, capture_output=True, text=True, timeout=600)
-
 
 def test_nbval_fails_when_a_stored_output_changes(tmp_path):
     source = ROOT / "notebooks" / "01_text_to_tensors.ipynb"
@@ -172,8 +185,8 @@ def test_nbval_fails_when_a_stored_output_changes(tmp_path):
     changed.parent.mkdir()
     changed.write_text(json.dumps(changed_nb))
 
-    passed = _nbval(control)
+    passed = nbval(control)
     assert passed.returncode == 0, passed.stdout[-3000:]
-    failed = _nbval(changed)
+    failed = nbval(changed)
     assert failed.returncode == 1, failed.stdout[-3000:]
     assert "2052" in failed.stdout and "1 failed" in failed.stdout, failed.stdout[-3000:]

@@ -70,3 +70,16 @@ def test_setup_rounds_printed_tensors():
 def _restore_print_options():
     yield
     torch.set_printoptions(profile="default")
+
+
+def test_tfcore_seed_shifts_every_seed(monkeypatch):
+    tfcore.setup(seed=1)
+    seed_1 = _draws()
+    monkeypatch.setenv("TFCORE_SEED", "1")
+    tfcore.setup(seed=0)
+    assert _draws() == seed_1  # seed 0 shifted by 1
+    tfcore.setup(seed=0)
+    assert _draws() == seed_1  # reseeding still gives the same draws
+    monkeypatch.setenv("TFCORE_SEED", "one")
+    with pytest.raises(ValueError, match=r"TFCORE_SEED must be an integer.*'one'"):
+        tfcore.setup()

@@ -3,7 +3,8 @@
 Each module holds one idea. The notebooks write the code in front of the reader; this package
 keeps the version later chapters import, and a test keeps the two in agreement.
 
-- ``runtime``: ``setup`` (seeds, quiet libraries, device)
+- ``runtime``: ``setup`` (seeds, quiet libraries, device; ``$TFCORE_SEED`` shifts every seed)
+- ``claims``: ``check``, the book's claims asserted under the code that proves them
 - ``checkpoint``: the pretrained checkpoint, offline by default (chapter 1)
 - ``attention``: scaled dot-product attention, masks, heads (chapters 2-4)
 - ``layers``: feed-forward and the encoder layer, pre-LN or post-LN (chapter 5)
@@ -15,7 +16,8 @@ keeps the version later chapters import, and a test keeps the two in agreement.
 
 from .attention import (AttentionHead, MultiHeadAttention, causal_mask, padding_mask,
                         scaled_dot_product_attention)
-from .checkpoint import CheckpointError, load_config, load_pretrained, load_tokenizer
+from .checkpoint import CheckpointError, is_embedded, load_config, load_pretrained, load_tokenizer
+from .claims import ClaimError, check
 from .decoder import (EncoderDecoder, TransformerDecoder, TransformerDecoderLayer, beam_search,
                       greedy_decode, make_model, sequence_log_prob)
 from .encoder import Embeddings, TransformerEncoder, sinusoidal_positions
@@ -27,6 +29,7 @@ from .training import accuracy, digit_reversal, load_word_senses, train_classifi
 __all__ = [
     "AttentionHead",
     "CheckpointError",
+    "ClaimError",
     "Embeddings",
     "EncoderDecoder",
     "FeedForward",
@@ -39,8 +42,10 @@ __all__ = [
     "accuracy",
     "beam_search",
     "causal_mask",
+    "check",
     "digit_reversal",
     "greedy_decode",
+    "is_embedded",
     "load_config",
     "load_pretrained",
     "load_tokenizer",

@@ -51,6 +51,26 @@ def resolve(name: str | os.PathLike | None = None) -> tuple[str, bool]:
     return name, False
 
 
+def active_checkpoint() -> str:
+    """The checkpoint the chapters load: ``$TFCORE_CHECKPOINT`` when set, else the embedded one."""
+    return os.environ.get(ENV_VAR) or EMBEDDED
+
+
+def is_embedded(name: str | os.PathLike | None = None) -> bool:
+    """Whether ``name`` (default: the active checkpoint) is the embedded all-MiniLM-L6-v2.
+
+    The chapters quote that model's figures; a claim about them is checked only when it is
+    the one loaded (see ``tfcore.check(..., embedded_only=True)``).
+    """
+    name = active_checkpoint() if name is None else str(name)
+    if name in EMBEDDED_ALIASES:
+        return True
+    try:
+        return Path(name).expanduser().resolve() == embedded_path().resolve()
+    except CheckpointError:
+        return False
+
+
 def _load(loader, name, **kwargs):
     target, local = resolve(name)
     try:

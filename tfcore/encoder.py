@@ -48,7 +48,11 @@ def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:
 
 
 class Embeddings(nn.Module):
-    """Token + learned position (+ token type) embeddings, then LayerNorm and dropout.
+    """Token + learned position (+ token type) embeddings, then LayerNorm (post-LN only) and dropout.
+
+    BERT (post-LN, ``config.norm_first=False``) normalises its embeddings, because its first
+    layer adds attention to them before any LayerNorm. A pre-LN layer normalises its own input
+    first, so a LayerNorm here would normalise the same vector twice: pre-LN has none.
 
     ``forward(input_ids [B, L], token_type_ids [B, L] = zeros)`` -> ``[B, L, hidden]``.
     Token types (sentence A / B) are BERT's; a config with ``type_vocab_size=0`` has none.
@@ -61,7 +65,8 @@ class Embeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         types = getattr(config, "type_vocab_size", 0)
         self.token_type_embeddings = nn.Embedding(types, config.hidden_size) if types else None
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        post_ln = not getattr(config, "norm_first", True)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if post_ln else None
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids, token_type_ids=None):
@@ -76,11 +81,18 @@ class Embeddings(nn.Module):
                 raise ValueError(f"token_type_ids must have the shape of input_ids {tuple(input_ids.shape)} "
                                  f"and values in [0, {types}) (type_vocab_size)")
             embeddings = embeddings + self.token_type_embeddings(token_type_ids)
-        return self.dropout(self.layer_norm(embeddings))
+        if self.layer_norm is not None:
+            embeddings = self.layer_norm(embeddings)
+        return self.dropout(embeddings)
 
 
 class TransformerEncoder(nn.Module):
-    """Embeddings, then ``config.num_hidden_layers`` encoder layers.
+    """Embeddings, then ``config.num_hidden_layers`` encoder layers, then (pre-LN only) a LayerNorm.
+
+    A pre-LN layer adds its sublayers' outputs to a residual stream that is never normalised
+    itself, so its scale grows with depth; the final LayerNorm brings the output back to the
+    scale every layer's input had. A post-LN stack (BERT, ``config.norm_first=False``) already
+    ends with a LayerNorm and has no final one.
 
     ``forward(input_ids [B, L], attention_mask [B, L] = None, token_type_ids = None,
     output_attentions=False)`` -> hidden states ``[B, L, hidden]``; with ``output_attentions``,
@@ -92,6 +104,8 @@ class TransformerEncoder(nn.Module):
         self.config = config
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(TransformerEncoderLayer(config) for _ in range(config.num_hidden_layers))
+        pre_ln = getattr(config, "norm_first", True)
+        self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if pre_ln else None
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, output_attentions=False):
         x = self.embeddings(input_ids, token_type_ids)
@@ -106,6 +120,8 @@ class TransformerEncoder(nn.Module):
                 attentions.append(weights)
             else:
                 x = layer(x, mask)
+        if self.final_layer_norm is not None:
+            x = self.final_layer_norm(x)
         return (x, tuple(attentions)) if output_attentions else x
 
     @classmethod

@@ -11,10 +11,29 @@ import numpy as np
 import torch
 
 
+SEED_ENV_VAR = "TFCORE_SEED"
+
+
+def shifted(seed: int) -> int:
+    """``seed`` plus ``$TFCORE_SEED`` (0 when unset).
+
+    Every seed the book sets goes through here (``setup`` and the training loops' batch order),
+    so ``TFCORE_SEED=1`` re-runs every chapter on another trajectory: the cheapest stand-in for
+    another CPU or a GPU, whose last digits differ. The data sets keep their own seeds.
+    """
+    offset = os.environ.get(SEED_ENV_VAR, "0").strip() or "0"
+    try:
+        return seed + int(offset)
+    except ValueError:
+        raise ValueError(f"${SEED_ENV_VAR} must be an integer (an offset added to every seed), "
+                         f"got {offset!r}") from None
+
+
 def setup(seed: int = 0) -> torch.device:
     """Seed ``random``, NumPy and torch, silence Hugging Face chatter, and pick a device.
 
-    - Seeds: ``random.seed``, ``np.random.seed`` and ``torch.manual_seed`` (all CUDA devices too).
+    - Seeds: ``random.seed``, ``np.random.seed`` and ``torch.manual_seed`` (all CUDA devices too),
+      with ``shifted(seed)``: ``seed`` plus ``$TFCORE_SEED`` when that is set.
     - Quiet: no Hugging Face progress bars ("Loading weights", downloads), transformers logs only
       errors, and Python warnings are filtered, so that notebook outputs hold only what we print.
     - Printing: tensors print with 4 decimals and no scientific notation, so that last-digit float
@@ -34,6 +53,7 @@ def setup(seed: int = 0) -> torch.device:
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
 
+    seed = shifted(seed)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device

@@ -1,4 +1,6 @@
-"""A plain training loop for the classifier of chapter 8: AdamW, cross-entropy, one line per epoch.
+"""Training loops (chapters 8 and 10) and the book's two small data sets.
+
+The classifier loop of chapter 8: AdamW, cross-entropy, one line per epoch.
 
 Data are tuples of tensors ``(*inputs, labels)`` with the examples along the first axis, for
 example ``(input_ids [N, L], attention_mask [N, L], labels [N])`` for a whole classifier, or
@@ -13,18 +15,22 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .runtime import shifted
+
 WORD_SENSES = Path(__file__).parent / "data" / "word_senses.csv"
+SPLITS = ("train", "validation", "test")
 
 
 def load_word_senses(split: str) -> tuple[list[str], list[str], list[str]]:
-    """The book's word-sense dataset: ``(texts, labels, label_names)`` for ``split`` "train" or "test".
+    """The book's word-sense dataset: ``(texts, labels, label_names)`` for one split.
 
     360 sentences written for this book, 60 for each sense of "flies" (verb/noun), "apple"
-    (fruit/company) and "bank" (river/finance); 45 of each in train, 15 in test. A label is
-    ``"word/sense"``; ``label_names`` is the sorted list of all six.
+    (fruit/company) and "bank" (river/finance). Each sense has 36 sentences in "train", 9 in
+    "validation" (watched while training, to choose settings) and 15 in "test" (scored once, at
+    the end). A label is ``"word/sense"``; ``label_names`` is the sorted list of all six.
     """
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(map(repr, SPLITS))}, got {split!r}")
     with WORD_SENSES.open(newline="", encoding="utf-8") as file:
         rows = list(csv.DictReader(file))
     label_names = sorted({f"{row['word']}/{row['sense']}" for row in rows})
@@ -45,18 +51,21 @@ def accuracy(model, *data, batch_size: int = 64) -> float:
     return correct / len(labels)
 
 
-def train_classifier(model, train, test, epochs: int, lr: float, batch_size: int = 32,
+def train_classifier(model, train, validation, epochs: int, lr: float, batch_size: int = 32,
                      seed: int = 0, log=print) -> dict:
     """Train the parameters of ``model`` that require gradients; return the history.
 
-    ``train`` and ``test`` are ``(*inputs, labels)``. After each epoch it logs the mean training
-    loss and the train and test accuracies, rounded so that the line is stable from run to run.
-    The order of the batches is seeded.
+    ``train`` and ``validation`` are ``(*inputs, labels)``. After each epoch it logs the mean
+    training loss and the train and validation accuracies. Those are trajectory values (they
+    differ in the last digits from one machine to another), so the line shows them inside
+    ``[this run: ...]``, which the book's nbval settings do not compare. The test set is not
+    seen here: score it once, after training. The order of the batches is seeded
+    (``shifted(seed)``: ``$TFCORE_SEED`` moves it).
     """
     *inputs, labels = train
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    order = torch.Generator().manual_seed(seed)
-    history = {"loss": [], "train_accuracy": [], "test_accuracy": []}
+    order = torch.Generator().manual_seed(shifted(seed))
+    history = {"loss": [], "train_accuracy": [], "validation_accuracy": []}
     for epoch in range(1, epochs + 1):
         model.train()
         losses = []
@@ -69,11 +78,11 @@ def train_classifier(model, train, test, epochs: int, lr: float, batch_size: int
             losses.append(loss.item())
         history["loss"].append(sum(losses) / len(losses))
         history["train_accuracy"].append(accuracy(model, *train))
-        history["test_accuracy"].append(accuracy(model, *test))
+        history["validation_accuracy"].append(accuracy(model, *validation))
         if log is not None:
-            log(f"epoch {epoch:2d}/{epochs}  loss {history['loss'][-1]:.2f}  "
-                f"train accuracy {history['train_accuracy'][-1]:.2f}  "
-                f"test accuracy {history['test_accuracy'][-1]:.2f}")
+            log(f"epoch {epoch:2d}/{epochs}  [this run: loss {history['loss'][-1]:.2f}, "
+                f"train accuracy {history['train_accuracy'][-1]:.2f}, "
+                f"validation accuracy {history['validation_accuracy'][-1]:.2f}]")
     return history
 
 
@@ -107,13 +116,14 @@ def train_seq2seq(model, src, tgt, steps: int, lr: float = 1e-3, batch_size: int
     Adam with a linear learning-rate warm-up over ``warmup`` steps, then a linear decay to a
     tenth of ``lr`` at the last step; PAD is masked out of the
     attention (source) and of the loss. Returns the loss of every step; logs the mean loss every
-    ``log_every`` steps.
+    ``log_every`` steps inside ``[this run: ...]`` (a trajectory value, not compared by nbval).
+    The batches are drawn with ``shifted(seed)``: ``$TFCORE_SEED`` moves them.
     """
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
     # Linear warm-up, then a linear decay to a tenth: the late steps settle instead of jumping.
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min((step + 1) / warmup, 1.0 - 0.9 * max(0, step - warmup) / max(1, steps - warmup)))
-    order = torch.Generator().manual_seed(seed)
+    order = torch.Generator().manual_seed(shifted(seed))
     losses = []
     model.train()
     for step in range(1, steps + 1):
@@ -127,6 +137,6 @@ def train_seq2seq(model, src, tgt, steps: int, lr: float = 1e-3, batch_size: int
         schedule.step()
         losses.append(loss.item())
         if log is not None and step % log_every == 0:
-            log(f"step {step:4d}/{steps}  loss {sum(losses[-log_every:]) / log_every:.3f}")
+            log(f"step {step:4d}/{steps}  [this run: loss {sum(losses[-log_every:]) / log_every:.3f}]")
     model.eval()
     return losses

@@ -1,0 +1,127 @@
+"""The book's claims hold on another trajectory and on another checkpoint.
+
+Another CPU, an Apple laptop or a Colab GPU changes the last digits of anything computed by a
+long float chain, and after a training run those differences grow. Such values are never
+compared digit for digit: every claim the prose makes about them is a ``tfcore.check`` with a
+margin. Here every chapter runs again under another seed (``TFCORE_SEED=1`` shifts every seed:
+initial weights, batch order, random inputs), which moves each trajectory much further than
+another CPU does, with nbval in lax mode: no output is compared, and a claim that fails stops the
+run. Chapters 1-8 also run against a small random BERT of other sizes saved to a folder, as a
+reader's ``TFCORE_CHECKPOINT`` would name one: nothing may assume the embedded model's sizes.
+
+Each of the two runs is shown to fail on a planted problem: a claim whose margin is too tight,
+and a width typed in.
+"""
+
+from __future__ import annotations
+
+import json
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from notebook_checks import ROOT, nbval
+
+NOTEBOOKS = sorted(ROOT.glob("notebooks/*.ipynb"))
+ENCODER_CHAPTERS = [p for p in NOTEBOOKS if int(p.name[:2]) <= 8]
+
+
+def _failure(result) -> str:
+    return (result.stdout[-6000:] + result.stderr[-2000:]).strip()
+
+
+# --- another seed -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_chapter_keeps_its_claims_under_another_seed(path):
+    result = nbval(path, lax=True, env={"TFCORE_SEED": "1"})
+    assert result.returncode == 0, _failure(result)
+
+
+def _notebook(path, *sources):
+    cells = [new_markdown_cell("# A planted chapter")] + [new_code_cell(s) for s in sources]
+    nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                            "language": "python"}})
+    nbformat.write(nb, path)
+    return path
+
+
+TRAINING = """
+import torch, tfcore
+device = tfcore.setup(seed=0)
+model = torch.nn.Linear(4, 1)
+x = torch.linspace(-1, 1, 32).reshape(8, 4)
+y = x.sum(dim=1, keepdim=True)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(20):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad(); loss.backward(); optimizer.step()
+loss = loss.item()
+"""
+
+
+def test_a_claim_with_too_tight_a_margin_fails_under_another_seed(tmp_path):
+    namespace = {}
+    exec(TRAINING, namespace)  # the value this run of seed 0 gives
+    seed_0 = namespace["loss"]
+    honest = f'tfcore.check("the loss falls below 0.5", loss < 0.5, measured=loss)'
+    tight = f'tfcore.check("the loss is {seed_0!r}", abs(loss - {seed_0!r}) < 1e-7, measured=loss)'
+    path = _notebook(tmp_path / "planted.ipynb", TRAINING, honest, tight)
+    assert nbval(path, lax=True).returncode == 0  # seed 0: both claims hold
+    failed = nbval(path, lax=True, env={"TFCORE_SEED": "1"})
+    assert failed.returncode == 1 and "1 failed" in failed.stdout, _failure(failed)
+    assert f"ClaimError: ✗ the loss is {seed_0!r}" in failed.stdout, _failure(failed)  # only the tight one
+
+
+# --- another checkpoint --------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def other_bert(tmp_path_factory):
+    """A small random BERT, of other sizes than the embedded one, with the embedded tokenizer.
+
+    3 layers, 4 heads of width 24 (hidden 96), feed-forward 192, 128 positions: every number
+    differs from all-MiniLM-L6-v2 (6, 12, 32, 384, 1536, 512) and from bert-base-uncased.
+    """
+    import torch
+    from transformers import BertConfig, BertModel
+
+    import tfcore
+
+    folder = tmp_path_factory.mktemp("other_bert")
+    tokenizer = tfcore.load_tokenizer()
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=96, num_hidden_layers=3,
+                        num_attention_heads=4, intermediate_size=192, max_position_embeddings=128)
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    loaded = json.loads((folder / "config.json").read_text())
+    assert (loaded["hidden_size"], loaded["num_hidden_layers"], loaded["num_attention_heads"]) == (96, 3, 4)
+    return folder
+
+
+@pytest.mark.parametrize("path", ENCODER_CHAPTERS, ids=lambda p: p.name)
+def test_chapter_runs_on_another_bert_checkpoint(path, other_bert):
+    result = nbval(path, lax=True, env={"TFCORE_CHECKPOINT": str(other_bert)})
+    assert result.returncode == 0, _failure(result)
+
+
+HARD_CODED = """
+import torch, tfcore
+device = tfcore.setup(seed=0)
+encoder = tfcore.TransformerEncoder.from_pretrained()
+ids = tfcore.load_tokenizer()("time flies like an arrow", return_tensors="pt").input_ids
+"""
+
+
+def test_a_hard_coded_width_fails_on_another_checkpoint(tmp_path, other_bert):
+    from_config = "print(torch.nn.Linear(encoder.config.hidden_size, 6)(encoder(ids)[:, 0]).shape)"
+    typed_in = "print(torch.nn.Linear(384, 6)(encoder(ids)[:, 0]).shape)"
+    good = _notebook(tmp_path / "from_config.ipynb", HARD_CODED, from_config)
+    bad = _notebook(tmp_path / "typed_in.ipynb", HARD_CODED, typed_in)
+    for path in (good, bad):  # the embedded checkpoint: both run
+        assert nbval(path, lax=True).returncode == 0, path.name
+    env = {"TFCORE_CHECKPOINT": str(other_bert)}
+    assert nbval(good, lax=True, env=env).returncode == 0
+    failed = nbval(bad, lax=True, env=env)
+    assert failed.returncode == 1 and "mat1 and mat2 shapes cannot be multiplied" in failed.stdout, _failure(failed)

@@ -1,0 +1,62 @@
+"""Claims that the code checks: every statement the prose makes about a result is printed under
+the code that proves it, with a ✓, and raises when it does not hold.
+
+Two kinds of stored output live in this book:
+
+- *exact* values (shapes, ids, counts, equalities, short deterministic computations rounded as
+  ``tfcore.setup`` prints them), which nbval compares digit for digit;
+- *trajectory* values (anything after a training run, sampling, a long float chain or the
+  clock), whose last digits change from one CPU or GPU to another. Those are never compared:
+  ``check`` asserts the claim about them with a margin that holds on any machine, and prints the
+  value of this run inside ``[this run: ...]``, which ``tests/sanitize.cfg`` masks for nbval.
+
+Some claims are about the embedded checkpoint (all-MiniLM-L6-v2): "the pretrained features
+reach 0.90". With another checkpoint (``TFCORE_CHECKPOINT``) they are printed, marked as not
+checked, and do not raise, so that every chapter runs on any BERT.
+"""
+
+from __future__ import annotations
+
+from numbers import Real
+
+
+class ClaimError(AssertionError):
+    """A claim the book makes did not hold in this run."""
+
+
+def _show(value) -> str:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return str(value)
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def check(claim: str, holds, measured=None, *, embedded_only: bool = False) -> bool:
+    """Print ``✓ claim`` when ``holds`` is true; raise :class:`ClaimError` naming the claim otherwise.
+
+    ``measured`` (a number, or a dict of names to numbers) is what this run gave; it is printed
+    inside ``[this run: ...]`` so that a reader sees it while nbval ignores its digits.
+    ``embedded_only=True`` marks a claim about the embedded checkpoint: with any other checkpoint
+    it is printed as not checked instead of raising.
+
+    Returns ``True`` (so a cell can also use it in an expression).
+    """
+    if not isinstance(claim, str) or not claim.strip():
+        raise ValueError("check() needs the claim as a sentence, e.g. check('loss below 0.01', loss < 0.01)")
+    holds = bool(holds)  # a one-element tensor or numpy bool becomes a plain bool here
+    if measured is None:
+        shown = ""
+    elif isinstance(measured, dict):
+        shown = "  [this run: " + ", ".join(f"{k} {_show(v)}" for k, v in measured.items()) + "]"
+    else:
+        shown = f"  [this run: {_show(measured)}]"
+    if embedded_only:
+        from .checkpoint import active_checkpoint, is_embedded
+
+        if not is_embedded():
+            print(f"– {claim}{shown}  (a claim about the embedded checkpoint; not checked on "
+                  f"{active_checkpoint()})")
+            return True
+    if not holds:
+        raise ClaimError(f"✗ {claim}{shown}: this claim of the book does not hold in this run")
+    print(f"✓ {claim}{shown}")
+    return True
