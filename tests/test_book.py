@@ -115,8 +115,21 @@ def test_page_carries_every_attention_view_of_its_notebook(html, notebook):
     page = (html / Path(notebook).with_suffix(".html")).read_text()
     built, stored = views(page), _stored_views(notebook)
     assert sorted(v["root_div_id"] for v in built) == sorted(v["root_div_id"] for v in stored)
-    if built:  # the libraries bertviz's scripts need are on the page itself, not on a CDN
-        assert "inlined by tfcore.viz" in page and 'define("d3"' in page and "cdnjs" not in page
+    if built:  # the libraries bertviz's scripts need come once, from the book itself, not a CDN
+        from tfcore.viz import LOADER_MARK, site_script
+
+        assert LOADER_MARK not in page and "cdnjs" not in page
+        [src] = re.findall(r'<script src="([^"]*_tfcore/viz\.js)"></script>', page)
+        assert (html / Path(notebook).parent / src).resolve().read_text() == site_script()
+
+
+def test_no_page_and_no_notebook_is_over_1_mb(html):
+    """What a reader downloads: every page of the book (the site's scripts apart) and every notebook."""
+    big = [(p.relative_to(html).as_posix(), p.stat().st_size) for p in html.rglob("*.html")
+           if p.stat().st_size > 1_000_000]
+    big += [(p.relative_to(ROOT).as_posix(), p.stat().st_size) for p in ROOT.glob("notebooks/*.ipynb")
+            if p.stat().st_size > 1_000_000]
+    assert big == []
 
 
 def test_the_book_shows_every_kind_of_attention_view(html):

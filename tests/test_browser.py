@@ -132,3 +132,38 @@ def test_every_page_renders_offline(html, browser):
     assert found["pages"] == len(toc_files()) >= 14, found
     assert found["math"] > 0 and found["figures"] > 10, found
     assert min(found["neuron"], found["head"], found["model"]) >= 1, found
+
+
+def _stored_view_outputs() -> list[tuple[str, str]]:
+    """Every bertviz view stored in a notebook, as (notebook, the output's HTML)."""
+    import nbformat
+
+    found = []
+    for notebook in sorted(ROOT.glob("notebooks/*.ipynb")):
+        for cell in nbformat.read(notebook, as_version=4).cells:
+            for output in cell.get("outputs", []):
+                html = output.get("data", {}).get("text/html", "")
+                if views(html):
+                    found.append((notebook.name, html))
+    return found
+
+
+def test_each_stored_view_draws_alone_offline(browser, tmp_path):
+    """As on Colab, where each output is a page of its own: the view's own deflated copy of the
+    libraries and of its data must be enough, with the network cut."""
+    outputs = _stored_view_outputs()
+    problems, kinds = [], []
+    for i, (notebook, html) in enumerate(outputs):
+        path = tmp_path / f"view{i}.html"
+        path.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{html}</body></html>")
+        visit = Visit(browser, path)
+        [view] = views(html)
+        kinds.append(view["kind"])
+        drawn = visit.page.evaluate("id => document.querySelectorAll(`#${id} svg *`).length", view["root_div_id"])
+        problems += [f"{notebook}: {view['kind']} view: console error: {e}" for e in visit.errors]
+        problems += [f"{notebook}: {view['kind']} view: tried to fetch {u}" for u in visit.outside]
+        if drawn < 20:
+            problems.append(f"{notebook}: {view['kind']} view drew {drawn} SVG elements alone")
+        visit.page.close()
+    assert problems == [], "\n".join(problems)
+    assert {"neuron", "head", "model"} <= set(kinds), kinds

@@ -1,6 +1,8 @@
 """tfcore.viz: bertviz's neuron-view model holds exactly the checkpoint, and each view carries the
 model's real attention. (Whether the views draw is the built book's and the browser's test.)"""
 
+import re
+
 import pytest
 import torch
 
@@ -119,11 +121,42 @@ def test_views_need_no_network(pretrained, neuron_model, kind):
         html = viz.neuron_view(A, model=neuron_model, tokenizer=tokenizer).data
     else:
         html = getattr(viz, f"{kind}_view")(A, B, model=model, tokenizer=tokenizer).data
-    assert "cdnjs" not in html and "http" not in html.split("inlined by tfcore.viz")[0]
-    assert html.count("RequireJS 2.3.6") == 1 and 'define("d3"' in html and 'define("jquery"' in html
+    assert "cdnjs" not in html and "http" not in html.split(viz.LOADER_MARK)[0]
+    assert html.count(viz.LOADER_MARK) == 1
     assert viz._CDN_PATHS.search(html) is None  # bertviz's CDN paths for d3 and jQuery are gone
+    # the libraries travel deflated: the loader inflates exactly the site script's libraries
+    libraries = re.search(r'tfcoreViz\.text\("([A-Za-z0-9+/=]+)", (\d+)\)', html)
+    assert viz._inflate(libraries.group(1)) == viz._libraries()
+    inflated = viz._inflate(libraries.group(1))
+    assert inflated.count("RequireJS 2.3.6") == 1 and 'define("d3"' in inflated and 'define("jquery"' in inflated
+    assert len(libraries.group(2)) and int(libraries.group(2)) == len(inflated.encode())
+
+
+def test_a_view_is_a_fraction_of_what_bertviz_writes(pretrained):
+    """bertviz writes the data twice and its libraries come from a CDN; ours carry the libraries
+    and the data once, deflated: a view with a sentence pair is under 300 KB."""
+    model, tokenizer = pretrained
+    html = viz.head_view(A, B, model=model, tokenizer=tokenizer).data
+    assert len(html) < 300_000, len(html)
+    assert "// HACK" not in html  # the second copy of the data is gone
+    site = viz.site_script()
+    assert viz._inflater() in site and viz._libraries() in site and viz.LOADER_MARK not in site
+
+
+def test_views_finder_reads_bertviz_own_and_deflated_data(pretrained):
+    model, tokenizer = pretrained
+    from bertviz import head_view
+
+    attentions, tokens, _ = viz.attention_inputs(A, model=model, tokenizer=tokenizer)
+    raw = head_view(attentions, tokens, html_action="return").data
+    [plain] = views(raw)
+    [deflated] = views(viz.self_contained(viz.HTML(raw)).data)
+    assert plain == deflated
 
 
 def test_self_contained_refuses_unknown_bertviz_html():
     with pytest.raises(RuntimeError, match="bertviz's HTML has changed"):
         viz.self_contained(viz.HTML("<div>no loader here</div>"))
+    cdn = '<script src="https://cdnjs.cloudflare.com/ajax/libs/require.js/2.3.6/require.min.js"></script>'
+    with pytest.raises(RuntimeError, match="one params object"):  # the data where we do not expect it
+        viz.self_contained(viz.HTML(cdn + "require.config({paths: {d3: 'x'}});\nvar data = {};"))

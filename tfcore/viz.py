@@ -2,8 +2,9 @@
 
 Each helper returns an ``IPython.display.HTML`` object, so a notebook cell that ends with it
 shows the view, in Jupyter, on Colab and in the built book alike. bertviz loads require.js,
-d3 and jQuery from a CDN; we inline copies of them from ``tfcore/vendor`` (fetched from npm,
-with their licences, by ``tools/vendor_js.py``), so a view draws with no network at all.
+d3 and jQuery from a CDN; we put copies of them from ``tfcore/vendor`` (fetched from npm, with
+their licences, by ``tools/vendor_js.py``) into each view, deflated, so a view draws with no
+network at all. The built book serves them once per site instead (``book/_ext``).
 """
 
 from __future__ import annotations
@@ -23,30 +24,92 @@ from .checkpoint import load_pretrained, load_tokenizer
 VENDOR = Path(__file__).parent / "vendor"
 _CDN_REQUIRE = re.compile(r'<script src="https://cdnjs\.cloudflare\.com/ajax/libs/require\.js/[^"]*"></script>')
 _CDN_PATHS = re.compile(r"require\.config\(\{\s*paths:\s*\{[^}]*\}\s*\}\);?")
+# bertviz writes each view's data twice: as the params object, and again in a comment after it.
+_PARAMS = re.compile(r"(const params = |window\.bertviz_params = )(\{.*?\})(;? *// HACK[^\n]*|;?\s*\n</script>)", re.DOTALL)
+# The marker that starts the loader script in every view; the book swaps that script for one file.
+LOADER_MARK = "/* tfcore.viz loader:"
+_LICENCES = "require.js 2.3.6 (MIT), d3 5.7.0 (BSD-3-Clause), jQuery 2.1.0 (MIT), tiny-inflate 1.0.3 (MIT)"
+
+
+def _source(name: str) -> str:
+    return re.sub(r"//[#@] sourceMappingURL=\S+", "", (VENDOR / name).read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=1)
+def _inflater() -> str:
+    """JavaScript that defines ``window.tfcoreViz``: ``text(base64, n)`` and ``json(base64, n)``
+    inflate what :func:`_deflate` wrote (``n`` is the length in bytes once inflated)."""
+    return ("if (!window.tfcoreViz) { window.tfcoreViz = (function () {\n"
+            "var module = {exports: {}}, exports = module.exports;\n" + _source("tiny-inflate.js") + "\n"
+            "var inflate = module.exports;\n"
+            "function text(b64, n) { var s = atob(b64), input = new Uint8Array(s.length), output = new Uint8Array(n);\n"
+            "  for (var i = 0; i < s.length; i++) input[i] = s.charCodeAt(i);\n"
+            "  inflate(input, output); return new TextDecoder().decode(output); }\n"
+            "return {text: text, json: function (b64, n) { return JSON.parse(text(b64, n)); }};\n"
+            "})(); }\n")
+
+
+@lru_cache(maxsize=1)
+def _libraries() -> str:
+    """require.js, then d3 and jQuery defined as named AMD modules, once per page."""
+    def module(name: str, file: str) -> str:
+        return (f'define("{name}", [], function () {{ var module = {{exports: {{}}}}, exports = module.exports;\n'
+                f'{_source(file)}\n;return module.exports; }});')
+
+    return ("if (!window.__tfcore_viz_modules) {\nwindow.__tfcore_viz_modules = true;\n" + _source("require.js")
+            + "\n" + module("d3", "d3.min.js") + "\n" + module("jquery", "jquery.min.js") + "\n}\n")
+
+
+def _deflate(text: str) -> tuple[str, int]:
+    """``text`` as UTF-8, raw-deflated (what tiny-inflate reads), in base64; and its length in bytes."""
+    import base64
+    import zlib
+
+    data = text.encode("utf-8")
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    return base64.b64encode(packer.compress(data) + packer.flush()).decode("ascii"), len(data)
+
+
+def _inflate(b64: str) -> str:
+    """The inverse of :func:`_deflate` (the tests read the views' data with it)."""
+    import base64
+    import zlib
+
+    return zlib.decompress(base64.b64decode(b64), -15).decode("utf-8")
 
 
 @lru_cache(maxsize=1)
 def _loader() -> str:
-    """require.js, then d3 and jQuery defined as named AMD modules, as inline scripts."""
-    def source(name: str) -> str:
-        return re.sub(r"//[#@] sourceMappingURL=\S+", "", (VENDOR / name).read_text(encoding="utf-8"))
+    """The script every view starts with: the inflater, then the libraries, deflated (about a
+    third of their size), run once per page. A notebook's outputs may each be shown alone (on
+    Colab every output is a page of its own), so each view carries them; the book serves them
+    once (``site_script``)."""
+    libraries, size = _deflate(_libraries())
+    return (f"<script>{LOADER_MARK} {_LICENCES}, deflated; the built book serves them once */\n"
+            + _inflater() + f'if (!window.__tfcore_viz_modules) {{ (0, eval)(tfcoreViz.text("{libraries}", {size})); }}\n'
+            + "</script>\n")
 
-    def module(name: str, file: str) -> str:
-        return (f'define("{name}", [], function () {{ var module = {{exports: {{}}}}, exports = module.exports;\n'
-                f'{source(file)}\n;return module.exports; }});')
 
-    return ("<script>/* require.js 2.3.6 (MIT), d3 5.7.0 (BSD-3-Clause), jQuery 2.1.0 (MIT), inlined by "
-            "tfcore.viz */\n" + source("require.js") + "\n</script>\n<script>\nif (!window.__tfcore_viz_modules) {\n"
-            "window.__tfcore_viz_modules = true;\n" + module("d3", "d3.min.js") + "\n"
-            + module("jquery", "jquery.min.js") + "\n}\n</script>\n")
+def site_script() -> str:
+    """What the book serves once per site in place of every view's loader: the same code, not deflated."""
+    return f"/* tfcore.viz: {_LICENCES} */\n" + _inflater() + _libraries()
 
 
 def self_contained(view: HTML) -> HTML:
-    """A bertviz view with its CDN loads replaced by the inlined libraries."""
+    """A bertviz view that needs no network: its CDN loads replaced by the loader, and its data
+    (bertviz writes it twice) written once, deflated."""
     html, loads = _CDN_REQUIRE.subn(lambda _: _loader(), view.data)
     html, configs = _CDN_PATHS.subn("", html)
-    if loads != 1 or configs != 1:
-        raise RuntimeError("bertviz's HTML has changed: expected one require.js tag and one require.config")
+
+    def deflated(match) -> str:
+        data, size = _deflate(match.group(2))
+        end = "\n</script>" if match.group(3).rstrip().endswith("</script>") else ""
+        return f'{match.group(1)}tfcoreViz.json("{data}", {size});{end}'
+
+    html, params = _PARAMS.subn(deflated, html, count=1)
+    if loads != 1 or configs != 1 or params != 1:
+        raise RuntimeError("bertviz's HTML has changed: expected one require.js tag, one require.config "
+                           "and one params object")
     return HTML(html)
 
 
@@ -120,7 +183,8 @@ def model_view(sentence_a: str, sentence_b: str | None = None, model=None, token
 
 
 class _Rounded(torch.nn.Module):
-    """Wraps a neuron-view model so that what bertviz stores is rounded to 4 decimals.
+    """Wraps a neuron-view model so that what bertviz stores is rounded: weights to 4 decimals,
+    queries and keys (drawn as coloured cells) to 3.
 
     bertviz writes every query, key and weight into the page as JSON; full float precision
     triples its size and shows nothing more.
@@ -132,7 +196,8 @@ class _Rounded(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         *outputs, per_layer = self.model(*args, **kwargs)
-        rounded = [{name: t.double().round(decimals=4) for name, t in layer.items()} for layer in per_layer]
+        rounded = [{name: t.double().round(decimals=4 if name == "attn" else 3) for name, t in layer.items()}
+                   for layer in per_layer]
         return (*outputs, rounded)
 
 

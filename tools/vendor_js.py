@@ -3,8 +3,9 @@
     python tools/vendor_js.py
 
 The results are committed (so that building and testing need no network):
-- tfcore/vendor/: require.js, d3 and jQuery, inlined by tfcore.viz into every bertviz view so
-  that the views draw in the book, in Jupyter and on Colab without a CDN;
+- tfcore/vendor/: require.js, d3 and jQuery, which tfcore.viz puts (deflated) into every bertviz
+  view so that the views draw in Jupyter and on Colab without a CDN, and which the book serves
+  once per site; tiny-inflate, which inflates them (and each view's data) in the browser;
 - book/_vendor/mathjax/: MathJax 3 (tex-mml-chtml and its fonts), served by the book.
 
 Each tarball is checked against the integrity hash the registry published for that version.
@@ -32,6 +33,10 @@ PACKAGES = {
     "jquery@2.1.0": ("sha512-QyJAvw0LUlUPci88C5LTFNtg4WFs70Dkqmwq4rZyOBflduKnHZakpIIDjhZVygAQbUqaghv6msUyP5TmRoNevQ==",
                      {"package/dist/jquery.min.js": "tfcore/vendor/jquery.min.js",
                       "package/MIT-LICENSE.txt": "tfcore/vendor/LICENSE.jquery"}),
+    # A 9 KB inflater: tfcore.viz ships the three libraries above, and each view's data, deflated.
+    "tiny-inflate@1.0.3": ("sha512-pkY1fj1cKHb2seWDy0B16HeWyczlJA9/WW3u3c4z/NiWDsO3DOU5D7nhTLE9CF0yXv/QZFY7sEJmj24dK+Rrqw==",
+                           {"package/index.js": "tfcore/vendor/tiny-inflate.js",
+                            "package/LICENSE": "tfcore/vendor/LICENSE.tiny-inflate"}),
     "mathjax@3.2.2": ("sha512-Bt+SSVU8eBG27zChVewOicYs7Xsdt40qm4+UpHyX7k0/O9NliPc+x77k1/FEsPsjKPZGJvtRZM1vO+geW0OhGw==",
                       {"package/es5/tex-mml-chtml.js": "book/_vendor/mathjax/tex-mml-chtml.js",
                        "package/es5/output/chtml/fonts/woff-v2/": "book/_vendor/mathjax/output/chtml/fonts/woff-v2/",
