@@ -74,6 +74,16 @@ def test_page_shows_the_stored_outputs_and_figures(html, notebook):
             assert escape(line, quote=False) in page, line
 
 
+def test_the_colab_install_cell_is_not_on_the_pages(html):
+    """Each notebook keeps its Colab install cell (tagged remove-cell); a reader of the book has
+    nothing to install, so the page does not show it."""
+    for notebook in sorted(toc_notebooks()):
+        source = nbformat.read(ROOT / notebook, as_version=4).cells
+        assert any('"google.colab" in sys.modules' in c.source for c in source if c.cell_type == "code")
+        page = (html / Path(notebook).with_suffix(".html")).read_text()
+        assert "google.colab" not in page and "pip install" not in page, notebook
+
+
 def test_colab_button_opens_the_chapter(html):
     for notebook in sorted(toc_notebooks()):
         page = (html / Path(notebook).with_suffix(".html")).read_text()
