@@ -30,7 +30,7 @@ def _show(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def check(claim: str, holds, measured=None, *, embedded_only: bool = False) -> bool:
+def check(claim: str, holds, measured=None, *, embedded_only: bool = False) -> None:
     """Print ``✓ claim`` when ``holds`` is true; raise :class:`ClaimError` naming the claim otherwise.
 
     ``measured`` (a number, or a dict of names to numbers) is what this run gave; it is printed
@@ -38,7 +38,8 @@ def check(claim: str, holds, measured=None, *, embedded_only: bool = False) -> b
     ``embedded_only=True`` marks a claim about the embedded checkpoint: with any other checkpoint
     it is printed as not checked instead of raising.
 
-    Returns ``True`` (so a cell can also use it in an expression).
+    Returns ``None``, so that a cell ending with a check shows only the printed line (a trailing
+    ``;`` does not hide a value under nbval, which runs cells without history).
     """
     if not isinstance(claim, str) or not claim.strip():
         raise ValueError("check() needs the claim as a sentence, e.g. check('loss below 0.01', loss < 0.01)")
@@ -55,8 +56,8 @@ def check(claim: str, holds, measured=None, *, embedded_only: bool = False) -> b
         if not is_embedded():
             print(f"– {claim}{shown}  (a claim about the embedded checkpoint; not checked on "
                   f"{active_checkpoint()})")
-            return True
+            return None
     if not holds:
         raise ClaimError(f"✗ {claim}{shown}: this claim of the book does not hold in this run")
     print(f"✓ {claim}{shown}")
-    return True
+    return None
