@@ -1,4 +1,4 @@
-"""The decoder and encoder-decoder: causality, cross-attention shapes, decoding, a trained model."""
+"""The decoder and encoder-decoder: causality, cross-attention shapes, decoding (the trained model: chapter 10)."""
 
 import itertools
 
@@ -90,41 +90,7 @@ def test_bad_source_ids_raise_a_clear_error(small):
         small(torch.tensor([[3, 9]]), torch.tensor([[BOS]]))
 
 
-def _until_eos(sequence):
-    sequence = sequence.tolist()
-    return sequence[: sequence.index(EOS) + 1] if EOS in sequence else sequence
-
-
-@pytest.fixture(scope="module")
-def trained():
-    """Chapter 10's recipe: about 50 s on 2 cores."""
-    tfcore.setup(seed=0)
-    src, tgt = tfcore.digit_reversal(20000, seed=0)
-    model = make_model(13, 13, N=2, d_model=128, d_ff=512, h=4, dropout=0.0, verbose=False)
-    tfcore.train_seq2seq(model, src, tgt, steps=1500, lr=1e-3, log=None)
-    return model, tfcore.digit_reversal(1000, seed=1)
-
-
-def test_trained_model_reverses_held_out_sequences(trained):
-    model, (src, tgt) = trained
-    output = greedy_decode(model, src, (src != PAD).unsqueeze(1), max_len=12, start_symbol=BOS)
-    accuracy = sum(_until_eos(o) == _until_eos(t) for o, t in zip(output, tgt)) / len(tgt)
-    assert accuracy >= 0.98, accuracy
-
-
-def test_beam_search_against_greedy_on_the_trained_model(trained):
-    """On a well-trained model beam search mostly returns greedy's sequence; when they differ
-    its sequence is, by construction of the search, usually the more probable one."""
-    model, (src, _) = trained
-    src = src[:200]
-    mask = (src != PAD).unsqueeze(1)
-    greedy = greedy_decode(model, src, mask, max_len=12, start_symbol=BOS)
-    beam = beam_search(model, src, mask, max_len=12, start_symbol=BOS, beam_size=4, end_symbol=EOS)
-    p_greedy = sequence_log_prob(model, src, mask, greedy, EOS)
-    beam = torch.cat([beam, torch.full((len(beam), 12 - beam.shape[1]), EOS)], dim=1)
-    p_beam = sequence_log_prob(model, src, mask, beam, EOS)
-    more = int((p_beam > p_greedy + 1e-4).sum())
-    less = int((p_beam < p_greedy - 1e-4).sum())
-    equal = len(src) - more - less
-    assert more + equal + less == 200
-    assert equal >= 180 and less <= more, (more, equal, less)
+# The trained model's claims (held-out accuracy at least 0.98; beam search returns greedy's
+# sequence on nearly every item and is never less probable) are checked where the model is
+# trained, in chapter 10: by nbval with seed 0 and by tests/test_robustness.py with seed 1.
+# Training the same model a third time here would add a minute to the suite and check nothing more.
