@@ -8,7 +8,7 @@ Every timing is the median of several repeats after warm-up, with ``torch.no_gra
 fixed thread count. Memory is measured in a fresh subprocess per point: after a warm-up pass,
 the peak resident memory is reset (Linux's /proc/self/clear_refs) and we record how far one more
 pass raises it above the memory in use (VmHWM - VmRSS), on the CPU, or
-``torch.cuda.max_memory_allocated`` on a GPU. Chapter 12 reads the committed results.
+``torch.cuda.max_memory_allocated`` on a GPU. Chapter 13 reads the committed results.
 """
 
 from __future__ import annotations
