@@ -35,8 +35,10 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "chromium is not installed and apt-get is not available: the browser test will be skipped"; fi; }
 
+# Two workers (the CI machine has two cores); conftest.py keeps a notebook's cells, and the
+# tests that share the built book, on one worker.
 test: $(STAMP) browser
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 # Re-execute notebooks in place in a fresh kernel (all, or NB=notebooks/01_text_to_tensors.ipynb).
 execute: $(STAMP)

@@ -10,8 +10,10 @@ keeps the version later chapters import, and a test keeps the two in agreement.
 - ``layers``: feed-forward and the encoder layer, pre-LN or post-LN (chapter 5)
 - ``encoder``: positions, embeddings and the encoder stack, loadable with BERT's weights (6-7)
 - ``heads``: the sequence-classification head; ``training``: its training loop (chapter 8)
-- ``decoder``: the decoder, the encoder-decoder, greedy and beam search (chapters 9-10)
+- ``decoder``: the decoder, the encoder-decoder, greedy and beam search (chapters 9-11)
+- ``translation``: German number words into English, vocabularies, BLEU and chrF (chapter 11)
 - ``viz``: bertviz's neuron, head and model views (import ``tfcore.viz``)
+- ``diagrams``: schematic figures of attention, heads and layers, drawn with matplotlib (import ``tfcore.diagrams``)
 """
 
 from .attention import (AttentionHead, MultiHeadAttention, causal_mask, padding_mask,
@@ -19,12 +21,13 @@ from .attention import (AttentionHead, MultiHeadAttention, causal_mask, padding_
 from .checkpoint import CheckpointError, is_embedded, load_config, load_pretrained, load_tokenizer
 from .claims import ClaimError, check
 from .decoder import (EncoderDecoder, TransformerDecoder, TransformerDecoderLayer, beam_search,
-                      greedy_decode, make_model, sequence_log_prob)
+                      cross_attention_weights, greedy_decode, length_penalty, make_model, sequence_log_prob)
 from .encoder import Embeddings, TransformerEncoder, sinusoidal_positions
 from .heads import TransformerForSequenceClassification
 from .layers import FeedForward, TransformerEncoderLayer
 from .runtime import setup
-from .training import accuracy, digit_reversal, load_word_senses, train_classifier, train_seq2seq
+from .training import (accuracy, digit_reversal, label_smoothed_nll, load_word_senses, lr_factor,
+                       train_classifier, train_seq2seq)
 
 __all__ = [
     "AttentionHead",
@@ -43,13 +46,17 @@ __all__ = [
     "beam_search",
     "causal_mask",
     "check",
+    "cross_attention_weights",
     "digit_reversal",
     "greedy_decode",
     "is_embedded",
+    "label_smoothed_nll",
+    "length_penalty",
     "load_config",
     "load_pretrained",
     "load_tokenizer",
     "load_word_senses",
+    "lr_factor",
     "make_model",
     "padding_mask",
     "scaled_dot_product_attention",

@@ -1,4 +1,4 @@
-"""The decoder and the encoder-decoder model, with greedy and beam-search decoding (chapters 9-10).
+"""The decoder and the encoder-decoder model, with greedy and beam-search decoding (chapters 9-11).
 
 Shapes: ``src [B, Ls]`` and ``tgt [B, Lt]`` token ids; hidden states ``[B, L, d_model]``.
 Masks hold 1 where attention is allowed: ``src_mask [B, 1, Ls]`` (padding) and
@@ -156,45 +156,87 @@ def sequence_log_prob(model, src, src_mask, tgt, end_symbol: int | None = None) 
     return per_token.sum(dim=-1)
 
 
+def length_penalty(length: torch.Tensor, alpha: float) -> torch.Tensor:
+    """GNMT's length penalty (Wu et al., 2016): ``((5 + length) / 6) ** alpha``; 1 when ``alpha == 0``.
+
+    Beam search ranks a sequence by ``log P / length_penalty``. Every extra token lowers log P, so
+    plain beam search (``alpha = 0``) favours short sequences; ``alpha > 0`` divides a long
+    sequence's (negative) score by more, which offsets that.
+    """
+    return ((5.0 + length.float()) / 6.0) ** alpha
+
+
 @torch.no_grad()
 def beam_search(model, src, src_mask, max_len: int, start_symbol: int, beam_size: int = 4,
-                end_symbol: int | None = None, return_scores: bool = False):
-    """Keep the ``beam_size`` most probable partial sequences at every step; return the best one.
+                end_symbol: int | None = None, return_scores: bool = False, alpha: float = 0.0):
+    """Keep the ``beam_size`` best partial sequences at every step; return the best one.
 
-    Scores are summed log-probabilities (no length penalty). A beam that has produced
-    ``end_symbol`` is finished: it keeps its score and stops growing. Returns ``[B, ≤max_len]``
-    token ids (shorter items padded with ``end_symbol``), and their scores ``[B]`` when
-    ``return_scores`` is set.
+    All items of the batch are searched at once: the beams are ``[B, k, t]``. A sequence is ranked
+    by its summed log-probability divided by ``length_penalty(its length, alpha)``, the length
+    counting the tokens after ``start_symbol`` up to and including ``end_symbol``; ``alpha = 0``
+    (the default) ranks by log-probability alone. A beam that has produced ``end_symbol`` is
+    finished: it keeps its score and length and stops growing. Returns ``[B, <=max_len]`` token ids
+    (shorter items padded with ``end_symbol``), and, with ``return_scores``, each one's summed
+    log-probability ``[B]`` (not divided by the penalty).
     """
-    results, scores = [], []
-    for b in range(src.shape[0]):
-        mask_b = None if src_mask is None else src_mask[b:b + 1]
-        memory = model.encode(src[b:b + 1], mask_b)
-        beams = torch.full((1, 1), start_symbol, dtype=torch.long, device=src.device)
-        beam_scores = torch.zeros(1, device=src.device)
-        finished = torch.zeros(1, dtype=torch.bool, device=src.device)
-        for _ in range(max_len - 1):
-            if finished.all():
-                break
-            k = beams.shape[0]
-            hidden = model.decode(memory.expand(k, -1, -1), None if mask_b is None else mask_b.expand(k, -1, -1), beams)
-            log_probs = model.generator(hidden[:, -1])  # [k, V]
-            if end_symbol is not None:  # a finished beam may only "continue" with end_symbol, at no cost
-                log_probs[finished] = -math.inf
-                log_probs[finished, end_symbol] = 0.0
-            candidates = (beam_scores[:, None] + log_probs).flatten()
-            beam_scores, flat = candidates.topk(min(beam_size, candidates.numel()))
-            vocab = log_probs.shape[1]
-            beams = torch.cat([beams[flat // vocab], (flat % vocab).unsqueeze(1)], dim=1)
-            finished = beams[:, -1] == end_symbol if end_symbol is not None else finished[flat // vocab]
-        best = beams[0]
+    B, k, device = src.shape[0], beam_size, src.device
+    memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)            # [B*k, Ls, d]
+    mask = None if src_mask is None else src_mask.repeat_interleave(k, dim=0)
+    beams = torch.full((B, k, 1), start_symbol, dtype=torch.long, device=device)
+    log_p = torch.full((B, k), -math.inf, device=device)
+    log_p[:, 0] = 0.0                      # one live beam at first; the others can never win
+    lengths = torch.zeros(B, k, dtype=torch.long, device=device)
+    finished = torch.zeros(B, k, dtype=torch.bool, device=device)
+    for _ in range(max_len - 1):
+        if finished.all():
+            break
+        hidden = model.decode(memory, mask, beams.flatten(0, 1))[:, -1]
+        next_log_p = model.generator(hidden).view(B, k, -1)                   # [B, k, V]
+        vocab = next_log_p.shape[-1]
+        if end_symbol is not None:  # a finished beam may only "continue" with end_symbol, at no cost
+            next_log_p[finished] = -math.inf
+            next_log_p[finished, end_symbol] = 0.0
+        candidates = log_p[..., None] + next_log_p                             # [B, k, V]
+        new_lengths = (lengths + ~finished)[..., None].expand(-1, -1, vocab)
+        rank = candidates / length_penalty(new_lengths, alpha)
+        _, flat = rank.flatten(1).topk(k, dim=1)                               # [B, k]
+        source_beam, token = flat // vocab, flat % vocab
+        log_p = candidates.flatten(1).gather(1, flat)
+        lengths = new_lengths.flatten(1).gather(1, flat)
+        beams = torch.cat([beams.gather(1, source_beam[..., None].expand(-1, -1, beams.shape[2])),
+                           token[..., None]], dim=2)
+        finished = finished.gather(1, source_beam) | (token == end_symbol if end_symbol is not None else False)
+    results = []
+    for best in beams[:, 0]:  # topk sorts: beam 0 ranks first
         if end_symbol is not None and (best == end_symbol).any():
             best = best[: int((best == end_symbol).nonzero()[0]) + 1]
         results.append(best)
-        scores.append(beam_scores[0])
     length = max(len(r) for r in results)
-    pad = end_symbol if end_symbol is not None else 0
-    out = torch.full((len(results), length), pad, dtype=torch.long, device=src.device)
+    out = torch.full((B, length), end_symbol if end_symbol is not None else 0, dtype=torch.long, device=device)
     for b, r in enumerate(results):
         out[b, : len(r)] = r
-    return (out, torch.stack(scores)) if return_scores else out
+    return (out, log_p[:, 0]) if return_scores else out
+
+
+@torch.no_grad()
+def cross_attention_weights(model, src, tgt, src_mask=None) -> torch.Tensor:
+    """The cross-attention weights of every decoder layer while the model reads ``tgt``.
+
+    Returns ``[B, layers, heads, Lt, Ls]``: row ``t`` says which source positions target position
+    ``t`` drew on when predicting token ``t + 1``. Each layer's ``cross_attention`` is called again
+    on the inputs it received (caught by a forward pre-hook), this time asking for its weights.
+    """
+    calls = []
+
+    def remember(module, args, kwargs):
+        calls.append((module, args, kwargs))
+
+    hooks = [layer.cross_attention.register_forward_pre_hook(remember, with_kwargs=True)
+             for layer in model.decoder.layers]
+    try:
+        model(src, tgt, src_mask)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return torch.stack([module(*args, **{**kwargs, "return_weights": True})[1]
+                        for module, args, kwargs in calls], dim=1)

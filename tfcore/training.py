@@ -1,4 +1,4 @@
-"""Training loops (chapters 8 and 10) and the book's two small data sets.
+"""Training loops (chapters 8, 10 and 11) and the book's two small data sets.
 
 The classifier loop of chapter 8: AdamW, cross-entropy, one line per epoch.
 
@@ -109,20 +109,58 @@ def digit_reversal(n: int, min_len: int = 4, max_len: int = 10, seed: int = 0):
     return src, tgt
 
 
+SCHEDULES = ("linear", "inverse_sqrt")
+
+
+def lr_factor(step: int, steps: int, warmup: int, schedule: str = "linear") -> float:
+    """The learning rate of optimizer step ``step + 1``, as a fraction of the peak rate.
+
+    Both schedules rise linearly for ``warmup`` steps to the peak. Then ``"linear"`` falls in a
+    straight line to a tenth of the peak at the last step, and ``"inverse_sqrt"`` falls like
+    ``1/sqrt(step)``: the schedule of Vaswani et al. (2017, §5.3), ``d_model^-0.5 *
+    min(step^-0.5, step * warmup^-1.5)``, scaled so that its peak is 1. (``step`` counts from 0,
+    as ``torch.optim.lr_scheduler.LambdaLR`` calls it.)
+    """
+    if schedule == "linear":
+        return min((step + 1) / warmup, 1.0 - 0.9 * max(0, step - warmup) / max(1, steps - warmup))
+    if schedule == "inverse_sqrt":
+        return min((step + 1) / warmup, (warmup / (step + 1)) ** 0.5)
+    raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
+
+
+def label_smoothed_nll(log_probs, target, epsilon: float, ignore_index: int = PAD) -> torch.Tensor:
+    """Cross-entropy against a smoothed target, averaged over the tokens that are not ``ignore_index``.
+
+    ``log_probs [N, V]``, ``target [N]``. The smoothed target puts ``1 - epsilon`` on the right
+    token and spreads ``epsilon`` evenly over all ``V`` tokens (as
+    ``F.cross_entropy(..., label_smoothing=epsilon)`` does), so the loss is
+    ``(1 - epsilon) * NLL + epsilon * mean over the vocabulary of -log p``. Even a perfect model
+    cannot push it to 0: its floor is the entropy of the smoothed target.
+    """
+    keep = target != ignore_index
+    log_probs, target = log_probs[keep], target[keep]
+    nll = -log_probs.gather(1, target[:, None]).squeeze(1)
+    return ((1.0 - epsilon) * nll - epsilon * log_probs.mean(dim=1)).mean()
+
+
 def train_seq2seq(model, src, tgt, steps: int, lr: float = 1e-3, batch_size: int = 64,
-                  warmup: int = 100, seed: int = 0, log_every: int = 100, log=print) -> list[float]:
+                  warmup: int = 100, seed: int = 0, log_every: int = 100, log=print,
+                  label_smoothing: float = 0.0, schedule: str = "linear") -> list[float]:
     """Teacher forcing: the decoder reads ``tgt[:, :-1]`` and learns to predict ``tgt[:, 1:]``.
 
-    Adam with a linear learning-rate warm-up over ``warmup`` steps, then a linear decay to a
-    tenth of ``lr`` at the last step; PAD is masked out of the
-    attention (source) and of the loss. Returns the loss of every step; logs the mean loss every
+    Adam (betas 0.9, 0.98) with the learning rate ``lr * lr_factor(...)``: a linear warm-up over
+    ``warmup`` steps, then ``schedule``. The loss is the cross-entropy, against a smoothed target
+    when ``label_smoothing`` > 0 (``label_smoothed_nll``); PAD is masked out of the attention
+    (source) and of the loss. Returns the loss of every step; logs the mean loss every
     ``log_every`` steps inside ``[this run: ...]`` (a trajectory value, not compared by nbval).
     The batches are drawn with ``shifted(seed)``: ``$TFCORE_SEED`` moves them.
     """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
-    # Linear warm-up, then a linear decay to a tenth: the late steps settle instead of jumping.
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min((step + 1) / warmup, 1.0 - 0.9 * max(0, step - warmup) / max(1, steps - warmup)))
+    rate = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, steps, warmup, schedule))
     order = torch.Generator().manual_seed(shifted(seed))
     losses = []
     model.train()
@@ -130,11 +168,14 @@ def train_seq2seq(model, src, tgt, steps: int, lr: float = 1e-3, batch_size: int
         batch = torch.randint(0, len(src), (batch_size,), generator=order).to(src.device)
         source, target = src[batch], tgt[batch]
         log_probs = model.generator(model(source, target[:, :-1], (source != PAD).unsqueeze(1)))
-        loss = F.nll_loss(log_probs.flatten(0, 1), target[:, 1:].flatten(), ignore_index=PAD)
+        if label_smoothing:
+            loss = label_smoothed_nll(log_probs.flatten(0, 1), target[:, 1:].flatten(), label_smoothing)
+        else:
+            loss = F.nll_loss(log_probs.flatten(0, 1), target[:, 1:].flatten(), ignore_index=PAD)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        schedule.step()
+        rate.step()
         losses.append(loss.item())
         if log is not None and step % log_every == 0:
             log(f"step {step:4d}/{steps}  [this run: loss {sum(losses[-log_every:]) / log_every:.3f}]")
