@@ -1,0 +1,242 @@
+"""tfcore.diagrams: every diagram shows the sizes it was given, in the order the code computes.
+
+The drawings are checked through their text artists and patches: each label carries a ``gid``
+saying what it labels, and a drawing flows left to right or bottom to top, so the order of the
+operations is the order of the labels' coordinates. The layer diagrams are compared with the
+order in which tfcore's own layers call their modules.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import BertConfig
+
+pytest.importorskip("matplotlib")
+
+import tfcore  # noqa: E402
+from tfcore import diagrams  # noqa: E402
+
+TFCORE = Path(tfcore.__file__).parent
+
+
+def texts(fig, gid=None):
+    """The non-empty text artists of a diagram (arrows are empty Annotations), optionally by gid."""
+    found = [t for t in fig.axes[0].texts if t.get_text()]
+    return found if gid is None else [t for t in found if t.get_gid() == gid]
+
+
+def one(fig, gid):
+    [text] = texts(fig, gid)
+    return text
+
+
+def xy(text):
+    return text.get_position()
+
+
+# ------------------------------------------------------------------------- attention
+
+def test_attention_diagram_labels_every_tensor_with_its_shape():
+    fig = diagrams.attention_diagram(batch=2, len_q=3, len_k=4, d_k=8, d_v=6)
+    expected = {"tensor:Q": "[2, 3, 8]", "tensor:K": "[2, 4, 8]", "tensor:V": "[2, 4, 6]",
+                "tensor:K^T": "[2, 8, 4]", "tensor:scores": "[2, 3, 4]", "tensor:scaled": "[2, 3, 4]",
+                "tensor:weights": "[2, 3, 4]", "tensor:output": "[2, 3, 6]"}
+    for gid, shape in expected.items():
+        assert shape in one(fig, gid).get_text().splitlines(), (gid, one(fig, gid).get_text())
+    assert "÷ √8" in one(fig, "op:scale").get_text()
+    assert "softmax(dim=-1)" in one(fig, "op:softmax").get_text()
+    assert "transpose" in one(fig, "op:transpose").get_text()
+
+
+def test_attention_diagram_square_scores():
+    fig = diagrams.attention_diagram(2, 5, 5, 16, 16)
+    assert one(fig, "tensor:scores").get_text().splitlines()[-1] == "[2, 5, 5]"
+
+
+def test_attention_diagram_flows_in_the_order_of_the_computation():
+    fig = diagrams.attention_diagram(1, 5, 5, 384, 384)
+    q, kt, scores, scaled = (xy(one(fig, g)) for g in ("tensor:Q", "tensor:K^T", "tensor:scores", "tensor:scaled"))
+    weights, output = xy(one(fig, "tensor:weights")), xy(one(fig, "tensor:output"))
+    assert q[0] < kt[0] < scores[0] < scaled[0]            # left to right: Kᵀ, then the scores, then ÷ √dk
+    assert scaled[1] > one(fig, "op:softmax").get_position()[1] > weights[1] > output[1]  # then downwards
+    assert "-∞" in one(fig, "mask").get_text()
+
+
+# ------------------------------------------------------------------------- heads
+
+@pytest.mark.parametrize("heads", [1, 3, 12])
+def test_heads_diagram_cuts_the_hidden_axis_into_one_slice_per_head(heads):
+    hidden, length = 8 * heads, 4
+    fig = diagrams.heads_diagram(batch=2, length=length, hidden=hidden, heads=heads)
+    patches = [p.get_gid() for p in fig.axes[0].patches if p.get_gid()]
+    for stage in ("q", "view", "heads", "context", "back", "concat"):
+        slices = [g for g in patches if g.startswith(f"{stage}:slice:")]
+        assert sorted({int(g.rsplit(":", 1)[1]) for g in slices}) == list(range(heads)), stage
+        assert len(slices) == heads * length, stage  # every drawn token row is cut into h slices
+    assert sum(g.startswith("x:row") for g in patches) == length  # the input is not cut
+    assert f"[2, 4, {heads}, 8]" in one(fig, "tensor:view").get_text()
+    assert f"[2, {heads}, 4, 8]" in one(fig, "tensor:heads").get_text()
+    assert f"[2, 4, {hidden}]" in one(fig, "tensor:output").get_text()
+    assert f"weights [2, {heads}, 4, 4]" in one(fig, "op:attention").get_text()
+
+
+def test_heads_diagram_draws_the_split_left_and_the_way_back_right():
+    fig = diagrams.heads_diagram(1, 5, 768, 12, tokens=["time", "flies", "like", "an", "arrow"])
+    left = [xy(one(fig, g)) for g in ("tensor:x", "tensor:q", "tensor:view", "tensor:heads")]
+    right = [xy(one(fig, g)) for g in ("tensor:context", "tensor:back", "tensor:concat", "tensor:output")]
+    assert [p[1] for p in left] == sorted((p[1] for p in left), reverse=True)  # downwards
+    assert [p[1] for p in right] == sorted(p[1] for p in right)                 # upwards
+    assert max(p[0] for p in left) < min(p[0] for p in right)
+    assert [t.get_text() for t in texts(fig, "token")][:5] == ["time", "flies", "like", "an", "arrow"]
+
+
+def test_heads_diagram_rejects_a_width_that_heads_do_not_divide():
+    with pytest.raises(ValueError, match=r"hidden \(100\).*heads \(12\)"):
+        diagrams.heads_diagram(1, 5, 100, 12)
+    with pytest.raises(ValueError, match="tokens must name the 5 positions"):
+        diagrams.heads_diagram(1, 5, 96, 4, tokens=["a", "b"])
+
+
+# ------------------------------------------------------------------------- layers
+
+def drawn_order(fig, x_range=None):
+    """The module names under the boxes and the residual adds, bottom to top (one panel)."""
+    items = [t for t in texts(fig) if t.get_gid() in ("name", "add", "final-norm")
+             and (x_range is None or x_range[0] <= xy(t)[0] <= x_range[1])]
+    return [t.get_text() if t.get_gid() != "add" else "+" for t in sorted(items, key=lambda t: xy(t)[1])]
+
+
+def called_order(layer, *inputs):
+    """The order in which a tfcore layer calls its named children in forward."""
+    calls = []
+    hooks = [module.register_forward_hook(lambda *_, name=name: calls.append(name))
+             for name, module in layer.named_children() if name != "dropout"]
+    with torch.no_grad():
+        layer(*inputs)
+    for hook in hooks:
+        hook.remove()
+    return calls
+
+
+SMALL = dict(hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=1)
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_encoder_layer_diagram_draws_what_tfcores_layer_does(norm_first):
+    config = BertConfig(**SMALL)
+    config.norm_first = norm_first
+    layer = tfcore.TransformerEncoderLayer(config).eval()
+    calls = called_order(layer, torch.randn(1, 3, 16))
+    drawn = [item for item in drawn_order(diagrams.layer_diagram("encoder", norm_first)) if item != "+"]
+    assert drawn[:4] == calls
+    assert calls == (["layer_norm_1", "attention", "layer_norm_2", "feed_forward"] if norm_first
+                     else ["attention", "layer_norm_1", "feed_forward", "layer_norm_2"])
+
+
+def test_pre_ln_adds_after_the_sublayer_and_post_ln_normalises_the_sum():
+    pre = drawn_order(diagrams.layer_diagram("encoder", True))
+    post = drawn_order(diagrams.layer_diagram("encoder", False))
+    assert pre == ["layer_norm_1", "attention", "+", "layer_norm_2", "feed_forward", "+", "final LayerNorm"]
+    assert post == ["attention", "+", "layer_norm_1", "feed_forward", "+", "layer_norm_2"]
+    assert len(texts(diagrams.layer_diagram("encoder", False), "add-norm")) == 2  # the paper's "Add & Norm"
+    assert not texts(diagrams.layer_diagram("encoder", True), "add-norm")
+
+
+def test_decoder_layer_diagram_has_three_residual_adds_and_tfcores_order():
+    config = BertConfig(**SMALL)
+    layer = tfcore.TransformerDecoderLayer(config).eval()
+    x, memory = torch.randn(1, 3, 16), torch.randn(1, 5, 16)
+    calls = called_order(layer, x, memory, None, tfcore.causal_mask(3))
+    fig = diagrams.layer_diagram("decoder", True, shape=(1, 3, 16), memory_shape=(1, 5, 16))
+    drawn = drawn_order(fig)
+    assert drawn.count("+") == 3
+    assert [item for item in drawn if item not in ("+", "final LayerNorm")] == calls
+    assert drawn == ["layer_norm_1", "self_attention", "+", "layer_norm_2", "cross_attention", "+",
+                     "layer_norm_3", "feed_forward", "+", "final LayerNorm"]
+    memory_label, cross = one(fig, "tensor:memory"), [t for t in texts(fig, "name") if t.get_text() == "cross_attention"][0]
+    assert "[1, 5, 16]" in memory_label.get_text() and "[1, 3, 16]" in one(fig, "tensor:input").get_text()
+    assert abs(xy(memory_label)[1] - xy(cross)[1]) < 0.2 and xy(memory_label)[0] < xy(cross)[0]  # from the side
+
+
+def test_post_ln_decoder_has_three_add_and_norms_and_no_final_norm():
+    fig = diagrams.layer_diagram("decoder", False)
+    assert sum(t.get_text() == "+" for t in texts(fig, "add")) == 3
+    assert len(texts(fig, "add-norm")) == 3
+    assert not texts(fig, "final-norm") and not texts(fig, "name")  # tfcore has no post-LN decoder layer
+    labels = sorted(texts(fig, "sublayer") + texts(fig, "norm") + texts(fig, "add"), key=lambda t: xy(t)[1])
+    kinds = [t.get_gid() for t in labels]
+    assert kinds == ["sublayer", "add", "norm"] * 3
+
+
+def test_side_by_side_panels_each_hold_one_arrangement():
+    fig = diagrams.layer_diagram("encoder", (True, False))
+    titles = sorted(texts(fig, "title"), key=lambda t: xy(t)[0])
+    assert [t.get_text().split()[0] for t in titles] == ["pre-LN", "post-LN"]
+    middle = (xy(titles[0])[0] + xy(titles[1])[0]) / 2
+    assert drawn_order(fig, (0, middle)) == drawn_order(diagrams.layer_diagram("encoder", True))
+    assert drawn_order(fig, (middle, 1e9)) == drawn_order(diagrams.layer_diagram("encoder", False))
+
+
+def test_encoder_decoder_diagram_feeds_the_memory_to_the_cross_attention():
+    fig = diagrams.encoder_decoder_diagram(list("8668436"), ["<bos>", "6", "3", "4"], list("6348"))
+    assert "[B, 7, d]" in one(fig, "tensor:memory").get_text()
+    assert "[B, 4, vocab]" in one(fig, "tensor:output").get_text()
+    assert "next tokens: 6 3 4 8" in one(fig, "tensor:output").get_text()
+    assert sum(t.get_text() == "+" for t in texts(fig, "add")) == 2 + 3
+    assert len(texts(fig, "final-norm")) == 2  # encoder_norm and decoder.norm
+    with pytest.raises(ValueError, match="one token per target position"):
+        diagrams.encoder_decoder_diagram(["1"], ["<bos>", "1"], ["1"])
+
+
+@pytest.mark.parametrize("kind, norm_first, message", [
+    ("middle", True, "kind must be 'encoder' or 'decoder'"),
+    ("encoder", "yes", "norm_first must be True"),
+    ("decoder", (), "non-empty"),
+])
+def test_layer_diagram_rejects_bad_arguments(kind, norm_first, message):
+    with pytest.raises(ValueError, match=message):
+        diagrams.layer_diagram(kind, norm_first)
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.5, True, "5"])
+def test_sizes_must_be_positive_integers(value):
+    with pytest.raises(ValueError, match=r"len_q must be a positive integer"):
+        diagrams.attention_diagram(1, value, 5, 8, 8)
+
+
+# ------------------------------------------------------------------------- all of them
+
+def every_diagram():
+    return [diagrams.attention_diagram(1, 5, 5, 384, 384),
+            diagrams.heads_diagram(1, 5, 768, 12),
+            diagrams.layer_diagram("encoder", (True, False)),
+            diagrams.layer_diagram("decoder", (True, False)),
+            diagrams.encoder_decoder_diagram(list("8668436"), ["<bos>", "6", "3", "4"])]
+
+
+def test_sizes_fonts_and_determinism():
+    first, second = every_diagram(), every_diagram()
+    for fig, again in zip(first, second):
+        width, height = fig.get_size_inches()
+        assert width <= 11 and height <= 7, (width, height)
+        assert min(t.get_fontsize() for t in texts(fig)) >= 8
+        assert [(t.get_text(), xy(t)) for t in texts(fig)] == [(t.get_text(), xy(t)) for t in texts(again)]
+
+
+def test_a_diagram_shows_itself_as_a_png_in_jupyter():
+    png = diagrams.heads_diagram(1, 5, 768, 12)._repr_png_()
+    assert png.startswith(b"\x89PNG") and len(png) < 150_000, len(png)
+
+
+def test_matplotlib_stays_optional_for_tfcore():
+    """No tfcore module but diagrams imports matplotlib, and the package does not import diagrams."""
+    for path in TFCORE.glob("*.py"):
+        if path.name == "diagrams.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] + [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n.startswith("matplotlib") or n == "diagrams" or n.endswith(".diagrams") for n in names), \
+                (path.name, names)

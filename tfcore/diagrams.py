@@ -1,0 +1,474 @@
+"""Schematic diagrams drawn by code: attention, the split into heads, encoder and decoder layers.
+
+Chapters 2, 4, 5 and 9 draw these with the sizes of their own tensors, so that a label cannot
+drift from the code. Each function returns a ``Diagram``, a matplotlib ``Figure`` that a notebook
+cell ending with it shows as a PNG, and draws the same picture on every run: no randomness, no data.
+
+- ``attention_diagram(batch, len_q, len_k, d_k, d_v)``: scaled dot-product attention, each
+  tensor a box with its shape, each operation on its arrow (chapter 2);
+- ``heads_diagram(batch, length, hidden, heads)``: the fused multi-head layer's ``view`` and
+  ``transpose``, with the hidden axis cut into one coloured slice per head (chapter 4);
+- ``layer_diagram(kind, norm_first)``: an encoder or a decoder layer with its residual adds and
+  its layer norms, pre-LN or post-LN, side by side when given both (chapters 5 and 9);
+- ``encoder_decoder_diagram(source, target)``: the whole pre-LN encoder-decoder (chapter 9).
+
+Every text artist carries a ``gid`` saying what it labels (``"tensor:scores"``,
+``"op:softmax"``, ``"norm"``, ``"sublayer"``, ``"add"``, ``"head:3"``, ...), so that a test can
+find it. matplotlib is imported here only: ``import tfcore`` does not need it.
+"""
+
+from __future__ import annotations
+
+import io
+import operator
+from dataclasses import dataclass
+
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.patches import Circle, FancyBboxPatch, Rectangle
+
+FONT = 9        # points, every label
+SMALL = 8       # points, module names and notes: the smallest text drawn
+SCALE = 0.6     # inches per drawing unit, the same along both axes (so that circles stay round)
+COLOURS = {"tensor": "#eef3fb", "norm": "#fce5cd", "attention": "#cfe2f3", "cross": "#f4cccc",
+           "feed_forward": "#d9ead3", "embedding": "#eeeeee", "memory": "#fff2cc", "mask": "#ffffff"}
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+def _positive_ints(**values) -> None:
+    for name, value in values.items():
+        try:
+            ok = not isinstance(value, bool) and operator.index(value) >= 1
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _shape(*sizes) -> str:
+    return "[" + ", ".join(str(s) for s in sizes) + "]"
+
+
+class Diagram(Figure):
+    """A matplotlib ``Figure`` that Jupyter shows as a PNG when a cell ends with it.
+
+    It is made without pyplot, so that drawing one never shows it twice nor leaves it open; where
+    matplotlib's own inline display is active, that display is used instead, and it is the same.
+    """
+
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", bbox_inches="tight")
+        return buffer.getvalue()
+
+
+def _canvas(width: float, height: float):
+    """A figure of ``width`` x ``height`` drawing units, one axes covering it, no frame or ticks."""
+    fig = Diagram(figsize=(width * SCALE, height * SCALE))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+    ax.axis("off")
+    return fig, ax
+
+
+def _fit(fig, ax, width: float, height: float, scale: float = SCALE) -> None:
+    """Resize a canvas to ``width`` x ``height`` units once its drawing is known (``scale``: inches
+    per unit, the same along both axes)."""
+    fig.set_size_inches(round(width * scale, 2), round(height * scale, 2))  # whole pixels at 100 dpi
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+
+
+@dataclass(frozen=True)
+class _Box:
+    x: float  # centre
+    y: float
+    w: float
+    h: float
+
+    @property
+    def top(self):
+        return self.x, self.y + self.h / 2
+
+    @property
+    def bottom(self):
+        return self.x, self.y - self.h / 2
+
+    @property
+    def left(self):
+        return self.x - self.w / 2, self.y
+
+    @property
+    def right(self):
+        return self.x + self.w / 2, self.y
+
+
+def _box(ax, x, y, w, h, text, role, colour, *, name=None, dashed=False, fontsize=FONT) -> _Box:
+    """A rounded box centred on (x, y) with ``text``; ``name`` (a module's attribute) below it."""
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0,rounding_size=0.08",
+                                facecolor=colour, edgecolor="black", linewidth=1,
+                                linestyle="--" if dashed else "-", gid=role))
+    if name is None:
+        ax.text(x, y, text, ha="center", va="center", fontsize=fontsize, gid=role)
+    else:
+        ax.text(x, y + 0.1, text, ha="center", va="center", fontsize=fontsize, gid=role)
+        ax.text(x, y - 0.14, name, ha="center", va="center", fontsize=SMALL, family="monospace", gid="name")
+    return _Box(x, y, w, h)
+
+
+def _arrow(ax, start, end, label=None, *, where="right", role="op", dashed=False, colour="black",
+           fontsize=SMALL + 0.5, rad=0.0, at=0.5):
+    """An arrow from ``start`` to ``end``; ``label`` (the operation) beside it, ``at`` of the way along."""
+    ax.annotate("", xy=end, xytext=start,
+                arrowprops=dict(arrowstyle="-|>", color=colour, lw=1.2, shrinkA=0, shrinkB=0,
+                                linestyle="--" if dashed else "-", connectionstyle=f"arc3,rad={rad}"))
+    if label:
+        mx, my = start[0] + at * (end[0] - start[0]), start[1] + at * (end[1] - start[1])
+        dx, dy, ha, va = {"right": (0.12, 0, "left", "center"), "left": (-0.12, 0, "right", "center"),
+                          "above": (0, 0.08, "center", "bottom"), "below": (0, -0.08, "center", "top")}[where]
+        ax.text(mx + dx, my + dy, label, ha=ha, va=va, fontsize=fontsize, color=colour, gid=role)
+
+
+def _add(ax, x, y, r=0.17):
+    """A residual add: a circle with a plus."""
+    ax.add_patch(Circle((x, y), r, facecolor="white", edgecolor="black", linewidth=1.2, gid="add"))
+    ax.text(x, y, "+", ha="center", va="center", fontsize=FONT + 3, gid="add")
+
+
+# ----------------------------------------------------------------------------- attention
+
+def attention_diagram(batch: int, len_q: int, len_k: int, d_k: int, d_v: int) -> Diagram:
+    """Scaled dot-product attention, softmax(Q Kᵀ / √d_k) V, with the shape of every tensor.
+
+    Boxes are tensors (``[B, Lq, dk]`` and the numbers given), arrows are operations: K is
+    transposed, ``bmm`` with Q gives the scores ``[B, Lq, Lk]``, they are divided by √d_k, an
+    optional mask (chapter 3) blocks some of them, a softmax over the last axis (the keys) gives
+    the weights, and ``bmm`` with V gives the output ``[B, Lq, dv]``. (``tfcore``'s function
+    divides the queries instead of the scores: the same numbers, for fewer divisions.)
+    """
+    _positive_ints(batch=batch, len_q=len_q, len_k=len_k, d_k=d_k, d_v=d_v)
+    fig, ax = _canvas(18.3, 8.8)
+    w, h = 2.7, 1.15
+
+    def tensor(x, y, title, symbols, sizes, role):
+        return _box(ax, x, y, w, h, f"{title}\n{_shape(*symbols)}\n{_shape(*sizes)}", role, COLOURS["tensor"])
+
+    q = tensor(1.5, 6.9, "Q (queries)", ("B", "Lq", "dk"), (batch, len_q, d_k), "tensor:Q")
+    k = tensor(1.5, 4.4, "K (keys)", ("B", "Lk", "dk"), (batch, len_k, d_k), "tensor:K")
+    v = tensor(1.5, 1.0, "V (values)", ("B", "Lk", "dv"), (batch, len_k, d_v), "tensor:V")
+    kt = tensor(6.0, 4.4, "Kᵀ", ("B", "dk", "Lk"), (batch, d_k, len_k), "tensor:K^T")
+    scores = tensor(9.9, 6.9, "scores", ("B", "Lq", "Lk"), (batch, len_q, len_k), "tensor:scores")
+    scaled = tensor(15.0, 6.9, "scaled scores", ("B", "Lq", "Lk"), (batch, len_q, len_k), "tensor:scaled")
+    weights = tensor(15.0, 3.3, "weights", ("B", "Lq", "Lk"), (batch, len_q, len_k), "tensor:weights")
+    output = tensor(15.0, 1.0, "output", ("B", "Lq", "dv"), (batch, len_q, d_v), "tensor:output")
+
+    _arrow(ax, k.right, kt.left, "transpose(1, 2)", where="above", role="op:transpose")
+    _arrow(ax, q.right, scores.left, "bmm(Q, Kᵀ): the dot product\nof every query with every key",
+           where="above", role="op:bmm")
+    _arrow(ax, kt.right, (scores.left[0], scores.y - 0.35))
+    _arrow(ax, scores.right, scaled.left, f"÷ √dk = ÷ √{d_k}", where="above", role="op:scale")
+    mask = _box(ax, 9.9, 5.15, 3.3, 1.0, f"mask {_shape('B', 'Lq', 'Lk')}\n(optional, chapter 3):\n"
+                "blocked scores → -∞", "mask", COLOURS["mask"], dashed=True)
+    _arrow(ax, mask.right, (scaled.x - 0.04, mask.y), dashed=True, colour="dimgray")
+    _arrow(ax, scaled.bottom, weights.top, "softmax(dim=-1):\neach row of Lk\nweights sums to 1",
+           where="right", role="op:softmax", at=0.62)
+    _arrow(ax, weights.bottom, output.top, "bmm(weights, V)", where="right", role="op:bmm")
+    _arrow(ax, v.right, output.left, "V: one value per key; each output row is a weighted average of them",
+           where="above", role="op:values")
+    ax.text(9.15, 8.45, f"Scaled dot-product attention, softmax(QKᵀ / √dk) V, with B = {batch}, "
+            f"Lq = {len_q}, Lk = {len_k}, dk = {d_k}, dv = {d_v}", ha="center", va="center",
+            fontsize=FONT + 1, gid="title")
+    return fig
+
+
+# ----------------------------------------------------------------------------- heads
+
+def _head_colour(i: int, heads: int):
+    """One colour per head (20 distinct ones, repeated beyond)."""
+    return colormaps["tab20" if heads > 10 else "tab10"](i % 20)
+
+
+def heads_diagram(batch: int, length: int, hidden: int, heads: int, tokens=None) -> Diagram:
+    """The fused multi-head layer, ``[B, L, hidden]`` in and out, for the first batch item.
+
+    Down the left: ``x``, the projection ``query(x)`` with its hidden axis cut into ``heads``
+    coloured slices of ``head_dim = hidden // heads`` (one colour per head), ``.view(B, L, h, dh)``
+    and ``.transpose(1, 2)``, which gathers each head's slices of every token into a block of its
+    own. Across the bottom, attention in every head at once; up the right, the way back:
+    ``transpose(1, 2)``, ``reshape(B, L, hidden)`` and ``output_linear``, which mixes the heads.
+    At most 6 tokens are drawn; the labels give the real sizes. ``tokens`` names the rows.
+    """
+    _positive_ints(batch=batch, length=length, hidden=hidden, heads=heads)
+    if hidden % heads:
+        raise ValueError(f"hidden ({hidden}) is not divisible by heads ({heads}): every head must get "
+                         f"hidden // heads numbers, so hidden must be a multiple of heads")
+    if tokens is not None and len(tokens) != length:
+        raise ValueError(f"tokens must name the {length} positions, got {len(tokens)} names")
+    head_dim, rows = hidden // heads, min(length, 6)
+    names = [str(t) for t in tokens[:rows]] if tokens is not None else [f"token {i}" for i in range(rows)]
+    fig, ax = _canvas(18.3, 10.9)
+    pic_w, row_h = 5.6, 0.2
+    pic_h = rows * row_h
+
+    def rows_picture(x0, top, *, sliced, gap=0.0, mixed=False, stage):
+        """L rows of ``hidden`` numbers; ``sliced``: coloured per head, ``gap``: split into cells."""
+        seg = (pic_w - gap * (heads - 1)) / heads
+        for r in range(rows):
+            y = top - (r + 1) * row_h
+            if not sliced:
+                ax.add_patch(Rectangle((x0, y), pic_w, row_h * 0.85, facecolor="#b7b7b7" if not mixed else "#8e7cc3",
+                                       edgecolor="white", linewidth=0.5, gid=f"{stage}:row"))
+                continue
+            for i in range(heads):
+                ax.add_patch(Rectangle((x0 + i * (seg + gap), y), seg, row_h * 0.85, facecolor=_head_colour(i, heads),
+                                       edgecolor="white", linewidth=0.3, gid=f"{stage}:slice:{i}"))
+            if gap:
+                ax.add_patch(Rectangle((x0 - 0.04, y - 0.02), pic_w + 0.08, row_h * 0.85 + 0.04, fill=False,
+                                       edgecolor="black", linewidth=0.6))
+        for r, name in enumerate(names):
+            ax.text(x0 - 0.1, top - (r + 0.55) * row_h, name, ha="right", va="center", fontsize=SMALL, gid="token")
+
+    def blocks_picture(x0, top, *, stage, hatch=None):
+        """``heads`` blocks, each one head's L rows of ``head_dim`` numbers."""
+        gap = 0.12
+        seg = (pic_w - gap * (heads - 1)) / heads
+        for i in range(heads):
+            bx = x0 + i * (seg + gap)
+            for r in range(rows):
+                ax.add_patch(Rectangle((bx, top - (r + 1) * row_h), seg, row_h * 0.85, facecolor=_head_colour(i, heads),
+                                       edgecolor="white", linewidth=0.3, hatch=hatch, gid=f"{stage}:slice:{i}"))
+            ax.add_patch(Rectangle((bx - 0.03, top - pic_h - 0.03), seg + 0.06, pic_h + 0.03, fill=False,
+                                   edgecolor="black", linewidth=0.6))
+            head_number(bx + seg / 2, top, i)
+
+    def head_number(x, top, i):
+        """Head ``i``'s number above its slice or block (only the first and last beyond 16 heads)."""
+        if heads <= 16 or i in (0, heads - 1):
+            ax.text(x, top + 0.05, str(i), ha="center", va="bottom", fontsize=SMALL, gid=f"head:{i}")
+
+    def label(x0, top, text, role):
+        ax.text(x0, top + 0.36, text, ha="left", va="bottom", fontsize=FONT, gid=role)
+
+    xl, xr = 1.5, 12.0
+    tops = [9.65, 7.0, 4.35, 1.7]
+    # down the left: the split
+    label(xl, tops[0], f"x: {_shape('B', 'L', 'hidden')} = {_shape(batch, length, hidden)}", "tensor:x")
+    rows_picture(xl, tops[0], sliced=False, stage="x")
+    label(xl, tops[1], f"q = query(x): {_shape('B', 'L', 'hidden')} = {_shape(batch, length, hidden)}, "
+          f"{heads} slices of {head_dim}", "tensor:q")
+    rows_picture(xl, tops[1], sliced=True, stage="q")
+    for i in range(heads):
+        head_number(xl + (i + 0.5) * pic_w / heads, tops[1], i)
+    label(xl, tops[2], f".view(B, L, h, dh): {_shape('B', 'L', 'h', 'dh')} = {_shape(batch, length, heads, head_dim)}",
+          "tensor:view")
+    rows_picture(xl, tops[2], sliced=True, gap=0.09, stage="view")
+    label(xl, tops[3], f".transpose(1, 2): {_shape('B', 'h', 'L', 'dh')} = {_shape(batch, heads, length, head_dim)}",
+          "tensor:heads")
+    blocks_picture(xl, tops[3], stage="heads")
+    for a, b, text in [(0, 1, f"query: Linear({hidden}, {hidden}); key and value alike"),
+                       (1, 2, f"the same numbers, the last axis read as {heads} × {head_dim}"),
+                       (2, 3, "each head's slices of every token gathered in one block")]:
+        _arrow(ax, (xl + pic_w / 2, tops[a] - pic_h - 0.1), (xl + pic_w / 2, tops[b] + 0.75), text,
+               where="right", role="op")
+    # across the bottom: attention, every head on its own
+    _arrow(ax, (xl + pic_w + 0.2, tops[3] - pic_h / 2), (xr - 0.2, tops[3] - pic_h / 2),
+           f"attention in each head at once:\nsoftmax(q kᵀ / √{head_dim}) v,\nweights {_shape(batch, heads, length, length)}",
+           where="below", role="op:attention")
+    # up the right: the way back
+    label(xr, tops[3], f"context: {_shape('B', 'h', 'L', 'dh')} = {_shape(batch, heads, length, head_dim)}",
+          "tensor:context")
+    blocks_picture(xr, tops[3], stage="context", hatch="///")
+    label(xr, tops[2], f".transpose(1, 2): {_shape('B', 'L', 'h', 'dh')} = {_shape(batch, length, heads, head_dim)}",
+          "tensor:back")
+    rows_picture(xr, tops[2], sliced=True, gap=0.09, stage="back")
+    label(xr, tops[1], f".reshape(B, L, hidden): {_shape(batch, length, hidden)}, heads side by side",
+          "tensor:concat")
+    rows_picture(xr, tops[1], sliced=True, stage="concat")
+    label(xr, tops[0], f"output: {_shape('B', 'L', 'hidden')} = {_shape(batch, length, hidden)}", "tensor:output")
+    rows_picture(xr, tops[0], sliced=False, mixed=True, stage="output")
+    for a, b, text in [(3, 2, "every token's slices back in one row"),
+                       (2, 1, "the h × dh numbers read as one axis again\n(reshape copies them; view would refuse)"),
+                       (1, 0, f"output_linear: Linear({hidden}, {hidden})\nmixes the heads")]:
+        _arrow(ax, (xr + pic_w / 2, tops[a] + 0.75), (xr + pic_w / 2, tops[b] - pic_h - 0.1), text,
+               where="right", role="op")
+    ax.text(9.15, 10.65, f"Multi-head attention, fused: {heads} heads of {head_dim} numbers "
+            f"(first batch item{'' if rows == length else f', first {rows} of {length} tokens'})",
+            ha="center", va="center", fontsize=FONT + 1, gid="title")
+    return fig
+
+
+# ----------------------------------------------------------------------------- layers
+
+_SUBLAYERS = {
+    "encoder": [("self-attention", "attention", "attention")],
+    "decoder": [("masked self-attention", "self_attention", "attention"),
+                ("cross-attention", "cross_attention", "cross")],
+}
+_BOX_W, _BOX_H, _GAP = 2.9, 0.5, 0.3
+
+
+def _check_layer_args(kind, norm_first):
+    if kind not in ("encoder", "decoder"):
+        raise ValueError(f"kind must be 'encoder' or 'decoder', got {kind!r}")
+    if not isinstance(norm_first, bool):
+        raise ValueError(f"norm_first must be True (pre-LN) or False (post-LN), got {norm_first!r}")
+
+
+def _draw_layer(ax, x, y, kind, norm_first, *, names=True, stack=True):
+    """Draw one layer upwards from (x, y), the top of its input; return a dict of anchor points.
+
+    ``names``: the module attributes of tfcore's layer under each box (tfcore's decoder layer is
+    pre-LN only, so a post-LN decoder gets none). ``stack``: a dashed frame, "× N", and, for
+    pre-LN, the final LayerNorm that the stack applies once after its N layers.
+    """
+    names = names and (kind == "encoder" or norm_first)
+    sublayers = _SUBLAYERS[kind] + [("feed-forward", "feed_forward", "feed_forward")]
+    cursor, skip_x, anchors = y, x + _BOX_W / 2 + 0.35, {"bottom": (x, y)}
+    first = None
+
+    def box(text, role, colour, name):
+        nonlocal cursor
+        b = _box(ax, x, cursor + _GAP + _BOX_H / 2, _BOX_W, _BOX_H, text, role, colour,
+                 name=name if names else None)
+        _arrow(ax, (x, cursor), b.bottom)
+        cursor = b.top[1]
+        return b
+
+    def add(branch_y, r=0.17):
+        nonlocal cursor
+        cy = cursor + _GAP + r
+        _arrow(ax, (x, cursor), (x, cy - r))
+        _add(ax, x, cy, r)
+        ax.plot([x, skip_x, skip_x], [branch_y, branch_y, cy], color="black", lw=1.2)
+        _arrow(ax, (skip_x, cy), (x + r, cy))
+        cursor = cy + r
+        return cy
+
+    for i, (text, attribute, colour) in enumerate(sublayers, 1):
+        branch_y = cursor + 0.2
+        ax.plot([x, x], [cursor, branch_y], color="black", lw=1.2)
+        ax.add_patch(Circle((x, branch_y), 0.05, color="black"))
+        cursor = branch_y
+        first = branch_y if first is None else first
+        norm = ("LayerNorm", "norm", COLOURS["norm"], f"layer_norm_{i}")
+        if norm_first:
+            box(*norm)
+        sub = box(text, "sublayer", COLOURS[colour], attribute)
+        if attribute == "cross_attention":
+            anchors["cross"] = sub.left
+            ax.text(x - 0.08, sub.bottom[1] - 0.04, "queries", ha="right", va="top", fontsize=SMALL, gid="note")
+        add_y = add(branch_y)
+        if not norm_first:
+            b = box(*norm)
+            ax.add_patch(Rectangle((x - _BOX_W / 2 - 0.12, add_y - 0.28), _BOX_W + 0.24, b.top[1] - add_y + 0.36,
+                                   facecolor="#ececec", edgecolor="none", zorder=-1))
+            ax.text(x - _BOX_W / 2 - 0.2, (add_y + b.y) / 2, "Add &\nNorm", ha="right", va="center",
+                    fontsize=SMALL, gid="add-norm")
+    if stack:
+        ax.add_patch(Rectangle((x - _BOX_W / 2 - 0.3, first - 0.1), _BOX_W + 1.05, cursor - first + 0.45,
+                               fill=False, edgecolor="gray", linestyle="--"))
+        ax.text(skip_x + 0.38, cursor + 0.17, "× N", ha="right", va="center", fontsize=FONT, color="gray",
+                gid="stack")
+        cursor += 0.35
+        if norm_first:
+            b = box("final LayerNorm", "final-norm", COLOURS["norm"], None)
+            ax.text(b.left[0] - 0.1, b.y, "once, after\nthe N layers", ha="right", va="center", fontsize=SMALL,
+                    color="dimgray", gid="note")
+    anchors["top"] = (x, cursor)
+    return anchors
+
+
+def layer_diagram(kind: str = "encoder", norm_first=True, *, shape=None, memory_shape=None) -> Diagram:
+    """An encoder or decoder layer, its sublayers, residual adds (+) and LayerNorms, drawn upwards.
+
+    ``norm_first=True`` is pre-LN, tfcore's default: ``x = x + sublayer(LayerNorm(x))``, and a
+    stack of such layers ends with one final LayerNorm; ``False`` is post-LN (BERT, the original
+    paper): ``x = LayerNorm(x + sublayer(x))``, the paper's "Add & Norm". A sequence of bools, such
+    as ``(True, False)``, draws one panel per arrangement, side by side. The module names under the
+    boxes are those of ``tfcore.TransformerEncoderLayer`` / ``TransformerDecoderLayer``; the
+    dropout on each sublayer's output is not drawn. ``shape`` and ``memory_shape`` (tuples) label
+    the input and, for a decoder, the encoder's output.
+    """
+    arrangements = (norm_first,) if isinstance(norm_first, bool) else tuple(norm_first)
+    if not arrangements:
+        raise ValueError("norm_first must be True, False, or a non-empty sequence of them")
+    for arrangement in arrangements:
+        _check_layer_args(kind, arrangement)
+    stream = _shape(*shape) if shape is not None else _shape("B", "L", "hidden")
+    memory = _shape(*memory_shape) if memory_shape is not None else _shape("B", "Ls", "hidden")
+    panel_w = 7.6 if kind == "decoder" else 5.4
+    fig, ax = _canvas(panel_w * len(arrangements), 14)
+    top = 0.0
+    for p, arrangement in enumerate(arrangements):
+        x = (p + 1) * panel_w - _BOX_W / 2 - 1.05
+        ax.text(x, 0.3, f"x {stream}", ha="center", va="center", fontsize=FONT, gid="tensor:input")
+        anchors = _draw_layer(ax, x, 0.5, kind, arrangement)
+        _arrow(ax, anchors["top"], (x, anchors["top"][1] + 0.3))
+        ax.text(x, anchors["top"][1] + 0.5, f"output {stream}", ha="center", va="center", fontsize=FONT,
+                gid="tensor:output")
+        top = max(top, anchors["top"][1] + 0.7)
+        if kind == "decoder":
+            cx, cy = anchors["cross"]
+            m = _box(ax, cx - 2.25, cy, 1.5, 0.7, f"memory\n{memory}", "tensor:memory", COLOURS["memory"],
+                     fontsize=SMALL)
+            _arrow(ax, m.right, (cx, cy), "keys,\nvalues", where="above", colour="#cc0000", fontsize=SMALL)
+    for p, arrangement in enumerate(arrangements):
+        x = (p + 1) * panel_w - _BOX_W / 2 - 1.05
+        where = "tfcore's default" if kind == "encoder" else "tfcore.TransformerDecoderLayer"
+        title = f"pre-LN ({where})" if arrangement else \
+            "post-LN (BERT, original paper)" if kind == "encoder" else "post-LN (the original paper)"
+        ax.text(x, top + 0.35, title, ha="center", va="center", fontsize=FONT + 1, gid="title")
+    _fit(fig, ax, panel_w * len(arrangements), top + 0.7)
+    return fig
+
+
+def encoder_decoder_diagram(source, target, next_tokens=None) -> Diagram:
+    """The pre-LN encoder-decoder of ``tfcore.make_model``, its layers drawn in full.
+
+    ``source`` and ``target`` (lists of token strings) label the inputs; the memory is
+    ``[B, len(source), d]``, the output ``[B, len(target), vocab]``. ``next_tokens``, if given,
+    labels what each target position predicts.
+    """
+    source, target = [str(t) for t in source], [str(t) for t in target]
+    if not source or not target:
+        raise ValueError("source and target must each hold at least one token")
+    if next_tokens is not None and len(next_tokens) != len(target):
+        raise ValueError(f"next_tokens must hold one token per target position ({len(target)}), "
+                         f"got {len(next_tokens)}")
+    width = 17.0
+    fig, ax = _canvas(width, 14)
+    enc_x, dec_x = 3.4, 11.4
+    for x, tokens, what in [(enc_x, source, "source"), (dec_x, target, "target so far")]:
+        ax.text(x, 0.3, f"{what}: {' '.join(tokens)}   ({len(tokens)} tokens)", ha="center", va="center",
+                fontsize=FONT, gid=f"tensor:{what.split()[0]}")
+        emb = _box(ax, x, 1.15, _BOX_W + 0.4, 0.75, "embedding × √d_model\n+ sinusoidal positions", "embedding",
+                   COLOURS["embedding"])
+        _arrow(ax, (x, 0.5), emb.bottom)
+    enc = _draw_layer(ax, enc_x, 1.525, "encoder", True, names=False)
+    dec = _draw_layer(ax, dec_x, 1.525, "decoder", True, names=False)
+    memory = _box(ax, enc_x, enc["top"][1] + 0.75, 2.6, 0.6, f"memory  {_shape('B', len(source), 'd')}",
+                  "tensor:memory", COLOURS["memory"])
+    _arrow(ax, enc["top"], memory.bottom)
+    cx, cy = dec["cross"]
+    _arrow(ax, memory.right, (cx, cy), colour="#cc0000", rad=0.15)
+    ax.text((memory.right[0] + cx) / 2 + 0.2, (memory.y + cy) / 2 + 0.25, "keys and values\nof every\n"
+            "cross-attention", ha="left", va="center", fontsize=SMALL, color="#cc0000", gid="note")
+    gen = _box(ax, dec_x, dec["top"][1] + 0.7, _BOX_W, 0.7, "generator:\nLinear + log-softmax", "generator",
+               COLOURS["embedding"])
+    _arrow(ax, dec["top"], gen.bottom)
+    out = f"log-probabilities {_shape('B', len(target), 'vocab')}"
+    if next_tokens is not None:
+        out += "\nnext tokens: " + " ".join(str(t) for t in next_tokens)
+    out_y = gen.top[1] + 0.55
+    ax.text(dec_x, out_y, out, ha="center", va="center", fontsize=FONT, gid="tensor:output")
+    _arrow(ax, gen.top, (dec_x, gen.top[1] + 0.2))
+    _arrow(ax, (dec_x + 2.3, out_y), (dec_x + 2.6, 0.45), dashed=True, colour="gray", rad=-0.2)
+    ax.text(dec_x + 4.6, out_y / 2, "append the chosen token, run again", ha="center", va="center",
+            fontsize=SMALL, color="gray", rotation=90, gid="note")
+    height = out_y + 0.9
+    ax.text(width / 2, height - 0.3, "The encoder-decoder, pre-LN: each sublayer reads a LayerNorm of the "
+            "stream and adds its output back (+)", ha="center", va="center", fontsize=FONT + 1, gid="title")
+    _fit(fig, ax, width, height, scale=0.55)  # the tallest drawing: 7 inches at most
+    return fig
