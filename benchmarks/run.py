@@ -1,6 +1,6 @@
 """What attention costs: time and memory of attention and of the encoder, measured in one process.
 
-    .venv/bin/python benchmarks/run.py                 # full run (about a minute on 2 CPU cores)
+    .venv/bin/python benchmarks/run.py                 # full run (about two minutes on 2 CPU cores)
     .venv/bin/python benchmarks/run.py --smoke         # seconds: tiny sizes, for the test suite
     .venv/bin/python benchmarks/run.py --out DIR       # where results.json and results.png go
 
@@ -9,6 +9,16 @@ fixed thread count. Memory is measured in a fresh subprocess per point: after a 
 the peak resident memory is reset (Linux's /proc/self/clear_refs) and we record how far one more
 pass raises it above the memory in use (VmHWM - VmRSS), on the CPU, or
 ``torch.cuda.max_memory_allocated`` on a GPU. Chapter 13 reads the committed results.
+
+What is timed, by key of results.json:
+
+- ``attention``: attention alone, batch 1, 12 heads of 64, by several implementations;
+- ``encoder``: the pretrained encoder, tfcore against transformers' ``BertModel``, same weights;
+- ``memory``: the rise of the peak memory of one pass;
+- ``layers``: one layer of each kind, 768 wide, batch 1: self-attention, an LSTM, a convolution;
+- ``additive``: additive (Bahdanau) attention against scaled dot-product attention, one head of 64;
+- ``encoder_parts``: one encoder layer of BERT-base's and of the embedded model's sizes, batch 1,
+  cut into its projections, its feed-forward, the L x L part of attention, and whole.
 """
 
 from __future__ import annotations
@@ -44,6 +54,38 @@ class PerHeadAttention(nn.Module):
 
     def forward(self, x):
         return self.output_linear(torch.cat([head(x) for head in self.heads], dim=-1))
+
+
+class AdditiveAttention(nn.Module):
+    """Additive attention (Bahdanau et al.), the same code as chapter 13's.
+
+    The score of a query and a key is ``vᵀ tanh(W_q query + W_k key)``: one small network applied
+    to every (query, key) pair. ``forward(query [B, Lq, query_dim], key [B, Lk, key_dim],
+    value [B, Lk, dv], mask)`` -> ``(output [B, Lq, dv], weights [B, Lq, Lk])``, with tfcore's
+    masks (1/True = attend) and all-zero weights for a query whose keys are all blocked.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int, attention_dim: int):
+        super().__init__()
+        self.w_q = nn.Linear(query_dim, attention_dim, bias=False)
+        self.w_k = nn.Linear(key_dim, attention_dim, bias=False)
+        self.v = nn.Linear(attention_dim, 1, bias=False)
+
+    def forward(self, query, key, value, mask=None):
+        if query.dim() != 3 or key.dim() != 3 or query.shape[-1] != self.w_q.in_features \
+                or key.shape[-1] != self.w_k.in_features or key.shape[:2] != value.shape[:2]:
+            raise ValueError(f"expected query [B, Lq, {self.w_q.in_features}], key [B, Lk, {self.w_k.in_features}] "
+                             f"and value [B, Lk, dv], got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+        # [B, Lq, 1, d_a] + [B, 1, Lk, d_a] -> [B, Lq, Lk, d_a]: a vector of d_a numbers for every pair
+        pairs = torch.tanh(self.w_q(query).unsqueeze(2) + self.w_k(key).unsqueeze(1))
+        scores = self.v(pairs).squeeze(-1)  # [B, Lq, Lk]
+        if mask is None:
+            weights = scores.softmax(dim=-1)
+        else:  # as tfcore does: the most negative float, not -inf, then zeros for a fully blocked query
+            allowed = mask.to(torch.bool)
+            weights = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).softmax(dim=-1)
+            weights = weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+        return weights @ value, weights
 
 
 def median_time(fn, repeats: int, warmup: int = 2) -> float:
@@ -122,6 +164,75 @@ def encoder(shapes, repeats, device) -> list[dict]:
     return rows
 
 
+def layers(lengths, repeats, device, width: int = 768, heads: int = 12) -> list[dict]:
+    """One layer of each kind, ``width`` wide, batch 1, on ``[1, L, width]``: self-attention (tfcore's
+    fused module, no weights), an LSTM, and a convolution of kernel 3 that keeps the length."""
+    import tfcore
+    from transformers import BertConfig
+
+    config = BertConfig(hidden_size=width, num_attention_heads=heads, attention_probs_dropout_prob=0.0)
+    attention = tfcore.MultiHeadAttention(config).to(device).eval()
+    lstm = nn.LSTM(width, width, batch_first=True).to(device).eval()
+    conv = nn.Conv1d(width, width, kernel_size=3, padding=1).to(device).eval()
+    rows = []
+    for length in lengths:
+        torch.manual_seed(0)
+        x = torch.randn(1, length, width, device=device)
+        cases = {"self-attention": lambda: attention(x),
+                 "LSTM": lambda: lstm(x),
+                 "Conv1d, kernel 3": lambda: conv(x.transpose(1, 2)).transpose(1, 2)}  # Conv1d wants [B, width, L]
+        for name, fn in cases.items():
+            rows.append({"what": name, "length": length, "width": width, "seconds": median_time(fn, repeats)})
+    return rows
+
+
+def additive(lengths, repeats, device, d: int = 64) -> list[dict]:
+    """One head: additive attention (attention width d) against scaled dot-product attention with its
+    weights (tfcore's plain path, as additive attention forms its weights too), on ``[1, L, d]``."""
+    import tfcore
+
+    module = AdditiveAttention(d, d, d).to(device).eval()
+    rows = []
+    for length in lengths:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, length, d, device=device) for _ in range(3))
+        cases = {"additive attention": lambda: module(q, k, v),
+                 "scaled dot-product attention": lambda: tfcore.scaled_dot_product_attention(q, k, v)}
+        for name, fn in cases.items():
+            rows.append({"what": name, "length": length, "width": d, "attention_dim": d,
+                         "seconds": median_time(fn, repeats)})
+    return rows
+
+
+def encoder_parts(lengths, repeats, device) -> list[dict]:
+    """One encoder layer, batch 1, of two sizes (BERT-base's, the embedded model's), cut into parts:
+    the four projections (query, key, value, output), the feed-forward, the L x L part of attention
+    (scores, softmax, weights times values: the fused kernel, as the encoder uses it), and the whole
+    layer (with its layer norms and residuals), each on its own input of the right shape."""
+    import tfcore
+    from transformers import BertConfig
+
+    sizes = {"bert-base": BertConfig(), "embedded": tfcore.load_config()}
+    rows = []
+    for model, config in sizes.items():
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+        layer = tfcore.TransformerEncoderLayer(config).to(device).eval()
+        attention, hidden, heads = layer.attention, config.hidden_size, config.num_attention_heads
+        for length in lengths:
+            torch.manual_seed(0)
+            x = torch.randn(1, length, hidden, device=device)
+            q, k, v = (torch.randn(1, heads, length, hidden // heads, device=device) for _ in range(3))
+            cases = {"projections": lambda: [linear(x) for linear in (attention.query, attention.key, attention.value,
+                                                                       attention.output_linear)],
+                     "feed-forward": lambda: layer.feed_forward(x),
+                     "attention, L x L part": lambda: tfcore.scaled_dot_product_attention(q, k, v, need_weights=False),
+                     "whole layer": lambda: layer(x)}
+            for name, fn in cases.items():
+                rows.append({"what": name, "model": model, "hidden": hidden, "intermediate": config.intermediate_size,
+                             "heads": heads, "length": length, "seconds": median_time(fn, repeats)})
+    return rows
+
+
 def _status_bytes(field: str) -> int:
     line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(field + ":"))
     return int(line.split()[1]) * 1024
@@ -184,14 +295,16 @@ def plot(results: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig, ((left, right), (low_left, low_right)) = plt.subplots(2, 2, figsize=(12, 9))
+    threads = results["machine"]["torch_threads"]
     for name in dict.fromkeys(r["what"] for r in results["attention"]):
         points = [(r["length"], r["seconds"] * 1e3) for r in results["attention"] if r["what"] == name]
         left.loglog(*zip(*points), marker="o", label=name)
     left.set_xlabel("sequence length")
     left.set_ylabel("milliseconds (median)")
-    left.set_title(f"Attention, batch 1, 12 heads x 64, {results['machine']['torch_threads']} threads")
+    left.set_title(f"Attention, batch 1, 12 heads x 64, {threads} threads")
     left.legend(fontsize=7)
     for name in dict.fromkeys(r["what"] for r in results["memory"]):
         points = [(r["length"], r["peak_bytes"] / 2**20) for r in results["memory"] if r["what"] == name and r["peak_bytes"]]
@@ -203,8 +316,31 @@ def plot(results: dict, path: Path) -> None:
     right.set_ylabel("MiB")
     right.set_title("Memory of one forward pass")
     right.legend(fontsize=7)
+    for part, style in (("layers", "-"), ("additive", ":")):
+        for name in dict.fromkeys(r["what"] for r in results[part]):
+            points = [(r["length"], r["seconds"] * 1e3) for r in results[part] if r["what"] == name]
+            width = results[part][0]["width"]
+            low_left.loglog(*zip(*points), style, marker="o", label=f"{name}, {width} wide")
+    low_left.set_xlabel("sequence length")
+    low_left.set_ylabel("milliseconds (median)")
+    low_left.set_title(f"One layer, batch 1, {threads} threads")
+    low_left.legend(fontsize=7)
+    for model, style in zip(dict.fromkeys(r["model"] for r in results["encoder_parts"]), ("-", "--")):
+        rows = [r for r in results["encoder_parts"] if r["model"] == model]
+        for color, name in enumerate(dict.fromkeys(r["what"] for r in rows)):
+            points = [(r["length"], r["seconds"] * 1e3) for r in rows if r["what"] == name]
+            low_right.loglog(*zip(*points), style, color=f"C{color}", marker="o",
+                             label=f"{model} ({rows[0]['hidden']} wide): {name}")
+    low_right.set_xlabel("sequence length")
+    low_right.set_ylabel("milliseconds (median)")
+    low_right.set_title("One encoder layer and its parts, batch 1")
+    low_right.legend(fontsize=7)
+    for ax in (left, right, low_left, low_right):  # the measured lengths as plain numbers
+        ax.set_xticks(sorted({x for line in ax.get_lines() for x in line.get_xdata()}))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=64)
 
 
 def main() -> None:
@@ -227,12 +363,18 @@ def main() -> None:
     lengths = [16, 32] if args.smoke else [64, 128, 256, 512, 1024, 2048]
     repeats = 2 if args.smoke else 7
     shapes = [(1, 16)] if args.smoke else [(8, 128), (1, 512)]
-    results = {"machine": machine(args.threads), "attention": [], "encoder": [], "memory": []}
+    part_lengths = [16, 32] if args.smoke else [128, 512, 1024, 2048, 4096]
+    additive_lengths = [L for L in lengths if L <= 1024]  # its [1, L, L, 64] intermediate: 256 MiB at 1024
+    results = {"machine": machine(args.threads), "attention": [], "encoder": [], "memory": [],
+               "layers": [], "additive": [], "encoder_parts": []}
     for device in devices:
-        for key, rows in (("attention", attention_alone(lengths, repeats, device)),
-                          ("encoder", encoder(shapes, repeats, device)),
-                          ("memory", memory(lengths, device))):
-            results[key] += [r | {"device": device} for r in rows]
+        for key, measure in (("attention", lambda: attention_alone(lengths, repeats, device)),
+                             ("encoder", lambda: encoder(shapes, repeats, device)),
+                             ("memory", lambda: memory(lengths, device)),
+                             ("layers", lambda: layers(lengths, repeats, device)),
+                             ("additive", lambda: additive(additive_lengths, repeats, device)),
+                             ("encoder_parts", lambda: encoder_parts(part_lengths, repeats, device))):
+            results[key] += [r | {"device": device} for r in measure()]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     plot(results, args.out / "results.png")

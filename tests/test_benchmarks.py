@@ -13,6 +13,9 @@ ATTENTION_CASES = {"tfcore, no weights", "tfcore, with weights", "torch sdpa", "
                    "module: per-head (chapter 4)", "module: tfcore fused", "module: tfcore fused, with weights",
                    "module: torch MultiheadAttention"}
 
+LAYER_CASES = {"self-attention", "LSTM", "Conv1d, kernel 3"}
+ENCODER_PARTS = {"projections", "feed-forward", "attention, L x L part", "whole layer"}
+
 
 def test_smoke_run_writes_results_and_plot(tmp_path):
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--out", str(tmp_path)],
@@ -25,6 +28,11 @@ def test_smoke_run_writes_results_and_plot(tmp_path):
     assert {r["what"] for r in results["encoder"]} == {"tfcore encoder", "BertModel (eager)", "BertModel (sdpa)"}
     assert all(r["max_abs_difference_to_sdpa"] < 1e-4 for r in results["encoder"])  # same weights, same outputs
     assert len(results["memory"]) == 6 and (tmp_path / "results.png").stat().st_size > 10_000
+    assert {r["what"] for r in results["layers"]} == LAYER_CASES
+    assert {r["what"] for r in results["additive"]} == {"additive attention", "scaled dot-product attention"}
+    assert {(r["model"], r["what"]) for r in results["encoder_parts"]} == {
+        (model, part) for model in ("bert-base", "embedded") for part in ENCODER_PARTS}
+    assert all(r["seconds"] > 0 for r in results["layers"] + results["additive"] + results["encoder_parts"])
 
 
 def _seconds(rows, what, **where):
@@ -53,3 +61,29 @@ def test_committed_encoder_meets_the_target(committed, batch, length):
     ours = _seconds(rows, "tfcore encoder", batch=batch, length=length)
     best = min(_seconds(rows, f"BertModel ({impl})", batch=batch, length=length) for impl in ("eager", "sdpa"))
     assert ours / best <= 1.05, ours / best
+
+
+def test_committed_run_has_the_rows_chapter_13_reads(committed):
+    lengths = {r["length"] for r in committed["attention"]}
+    cpu = [r for r in committed["layers"] if r["device"] == "cpu"]
+    assert {(r["what"], r["length"]) for r in cpu} == {(what, n) for what in LAYER_CASES for n in lengths}
+    assert {r["length"] for r in committed["additive"]} == {n for n in lengths if n <= 1024}
+    parts = {(r["model"], r["what"], r["length"]) for r in committed["encoder_parts"] if r["device"] == "cpu"}
+    assert {length for _, _, length in parts} >= {512, 1024, 2048, 4096}
+    assert len(parts) == 2 * len(ENCODER_PARTS) * len({length for _, _, length in parts})
+
+
+def _class_without_docstring(source, name):
+    import ast
+
+    [node] = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == name]
+    node.body = node.body[1:] if isinstance(node.body[0], ast.Expr) else node.body  # drop the docstring
+    return ast.dump(node)
+
+
+def test_the_benchmark_times_chapter_13s_additive_attention():
+    notebook = json.loads((ROOT / "notebooks" / "13_what_attention_costs.ipynb").read_text())
+    [cell] = [c for c in notebook["cells"] if "".join(c["source"]).startswith("class AdditiveAttention")]
+    benchmark = (ROOT / "benchmarks" / "run.py").read_text()
+    assert _class_without_docstring("".join(cell["source"]), "AdditiveAttention") == \
+        _class_without_docstring(benchmark, "AdditiveAttention")
