@@ -18,7 +18,7 @@ ENCODER_PARTS = {"projections", "feed-forward", "attention, L x L part", "whole 
 
 
 def test_smoke_run_writes_results_and_plot(tmp_path):
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--out", str(tmp_path)],
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--threads", "1", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
