@@ -32,4 +32,3 @@ def html() -> Path:
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "WARNING" not in result.stdout + result.stderr
     return ROOT / "_build" / "html"
-
