@@ -12,19 +12,28 @@ keeps the version later chapters import, and a test keeps the two in agreement.
 - ``heads``: the sequence-classification head; ``training``: its training loop (chapter 8)
 - ``decoder``: the decoder, the encoder-decoder, greedy and beam search (chapters 9-11)
 - ``translation``: German number words into English, vocabularies, BLEU and chrF (chapter 11)
+- ``gpt``: a decoder-only model wired as GPT-2, portable from transformers (chapter 14)
+- ``generation``: greedy decoding and sampling (temperature, top-k, top-p) (chapters 14-15)
+- ``cache``: the KV cache of incremental decoding (chapter 15)
+- ``llama``: RMSNorm, rotary positions, SwiGLU, grouped-query attention, Llama (chapter 16)
 - ``viz``: bertviz's neuron, head and model views (import ``tfcore.viz``)
 - ``diagrams``: schematic figures of attention, heads and layers, drawn with matplotlib (import ``tfcore.diagrams``)
 """
 
 from .attention import (AttentionHead, MultiHeadAttention, causal_mask, padding_mask,
                         scaled_dot_product_attention)
+from .cache import KVCache, LayerCache
 from .checkpoint import CheckpointError, is_embedded, load_config, load_pretrained, load_tokenizer
 from .claims import ClaimError, check
 from .decoder import (EncoderDecoder, TransformerDecoder, TransformerDecoderLayer, beam_search,
                       cross_attention_weights, greedy_decode, length_penalty, make_model, sequence_log_prob)
 from .encoder import Embeddings, TransformerEncoder, sinusoidal_positions
+from .generation import generate, next_token_probs
+from .gpt import GPT, GPTConfig
 from .heads import TransformerForSequenceClassification
 from .layers import FeedForward, TransformerEncoderLayer
+from .llama import (GroupedQueryAttention, Llama, LlamaConfig, RMSNorm, SwiGLU, apply_rotary, rotary_cos_sin,
+                    rotary_frequencies, rotate_half)
 from .runtime import setup
 from .training import (accuracy, digit_reversal, label_smoothed_nll, load_word_senses, lr_factor,
                        train_classifier, train_seq2seq)
@@ -36,18 +45,29 @@ __all__ = [
     "Embeddings",
     "EncoderDecoder",
     "FeedForward",
+    "GPT",
+    "GPTConfig",
+    "GroupedQueryAttention",
+    "KVCache",
+    "LayerCache",
+    "Llama",
+    "LlamaConfig",
     "MultiHeadAttention",
+    "RMSNorm",
+    "SwiGLU",
     "TransformerDecoder",
     "TransformerDecoderLayer",
     "TransformerEncoder",
     "TransformerEncoderLayer",
     "TransformerForSequenceClassification",
     "accuracy",
+    "apply_rotary",
     "beam_search",
     "causal_mask",
     "check",
     "cross_attention_weights",
     "digit_reversal",
+    "generate",
     "greedy_decode",
     "is_embedded",
     "label_smoothed_nll",
@@ -58,7 +78,11 @@ __all__ = [
     "load_word_senses",
     "lr_factor",
     "make_model",
+    "next_token_probs",
     "padding_mask",
+    "rotary_cos_sin",
+    "rotary_frequencies",
+    "rotate_half",
     "scaled_dot_product_attention",
     "sequence_log_prob",
     "setup",

@@ -83,9 +83,14 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout: nn.Modul
     return weights @ value, weights
 
 
-def causal_mask(seq_len: int, device=None) -> torch.Tensor:
-    """``[1, L, L]`` bool, True on and below the diagonal: position i may look at positions ≤ i."""
-    return torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device)).unsqueeze(0)
+def causal_mask(seq_len: int, device=None, past: int = 0) -> torch.Tensor:
+    """``[1, L, L]`` bool, True on and below the diagonal: position i may look at positions ≤ i.
+
+    With ``past`` > 0 (generation with a KV cache, chapter 15) the ``L`` queries are the positions
+    ``past .. past + L - 1`` and the keys are all ``past + L`` positions: ``[1, L, past + L]``.
+    """
+    ones = torch.ones(seq_len, past + seq_len, dtype=torch.bool, device=device)
+    return torch.tril(ones, diagonal=past).unsqueeze(0)
 
 
 def padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -125,6 +130,11 @@ class MultiHeadAttention(nn.Module):
 
     ``forward(query [B, Lq, hidden], key [B, Lk, hidden] = query, value = key, mask)`` ->
     ``[B, Lq, hidden]``; with ``return_weights=True``, also the weights ``[B, heads, Lq, Lk]``.
+
+    ``cache`` (a ``tfcore.LayerCache``, chapter 15) keeps keys and values between calls. In
+    self-attention (no ``key`` given) the new positions' keys and values are appended to it and
+    the queries attend to all of them. In cross-attention (``key`` given) the keys and values of
+    ``key``/``value`` are computed on the first call, stored, and reused afterwards.
     """
 
     def __init__(self, config):
@@ -146,7 +156,8 @@ class MultiHeadAttention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, query, key=None, value=None, mask=None, return_weights=False):
+    def forward(self, query, key=None, value=None, mask=None, return_weights=False, cache=None):
+        self_attention = key is None
         key = query if key is None else key
         value = key if value is None else value
         for name, x in (("query", query), ("key", key), ("value", value)):
@@ -154,8 +165,13 @@ class MultiHeadAttention(nn.Module):
                 shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
                 raise ValueError(f"{name} must have shape [B, L, {self.hidden_size}] (hidden_size), got {shape}")
         q = self._split_heads(self.query(query))
-        k = self._split_heads(self.key(key))
-        v = self._split_heads(self.value(value))
+        if cache is not None and not self_attention and cache.keys is not None:
+            k, v = cache.keys, cache.values  # cross-attention: the memory's keys and values, made once
+        else:
+            k = self._split_heads(self.key(key))
+            v = self._split_heads(self.value(value))
+            if cache is not None:
+                k, v = cache.append(k, v) if self_attention else cache.store(k, v)
         context, weights = scaled_dot_product_attention(q, k, v, mask, dropout=self.dropout,
                                                         need_weights=return_weights)
         batch, _, length, _ = context.shape

@@ -14,6 +14,7 @@ from torch import nn
 from transformers import BertConfig
 
 from .attention import MultiHeadAttention, causal_mask
+from .cache import KVCache
 from .encoder import check_input_ids, sinusoidal_positions
 from .layers import FeedForward, TransformerEncoderLayer
 
@@ -28,9 +29,13 @@ class ScaledEmbedding(nn.Module):
         self.register_buffer("positions", sinusoidal_positions(max_len, config.hidden_size), persistent=False)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, ids):
+    def forward(self, ids, start: int = 0):
+        """``ids [B, L]`` at positions ``start .. start + L - 1`` -> ``[B, L, d_model]``."""
+        if start + (ids.shape[1] if isinstance(ids, torch.Tensor) and ids.dim() == 2 else 0) > self.max_len:
+            raise ValueError(f"positions {start}..{start + ids.shape[1] - 1} are past the model's "
+                             f"{self.max_len} positions (max_len); generate fewer tokens")
         check_input_ids(ids, self.vocab_size, self.max_len)
-        x = self.token_embeddings(ids) * math.sqrt(self.d_model) + self.positions[: ids.shape[1]]
+        x = self.token_embeddings(ids) * math.sqrt(self.d_model) + self.positions[start: start + ids.shape[1]]
         return self.dropout(x)
 
 
@@ -39,7 +44,8 @@ class TransformerDecoderLayer(nn.Module):
 
     ``forward(x [B, Lt, d], memory [B, Ls, d], src_mask, tgt_mask)`` -> ``[B, Lt, d]``. In the
     cross-attention the queries come from the decoder (``x``) and the keys and values from
-    ``memory``: each target position asks which source positions it needs.
+    ``memory``: each target position asks which source positions it needs. ``self_cache`` and
+    ``cross_cache`` (``tfcore.LayerCache``, chapter 15) let ``x`` hold only the new positions.
     """
 
     def __init__(self, config):
@@ -52,10 +58,10 @@ class TransformerDecoderLayer(nn.Module):
         self.layer_norm_3 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, x, memory, src_mask=None, tgt_mask=None):
+    def forward(self, x, memory, src_mask=None, tgt_mask=None, self_cache=None, cross_cache=None):
         h = self.layer_norm_1(x)
-        x = x + self.dropout(self.self_attention(h, mask=tgt_mask))
-        x = x + self.dropout(self.cross_attention(self.layer_norm_2(x), memory, mask=src_mask))
+        x = x + self.dropout(self.self_attention(h, mask=tgt_mask, cache=self_cache))
+        x = x + self.dropout(self.cross_attention(self.layer_norm_2(x), memory, mask=src_mask, cache=cross_cache))
         return x + self.feed_forward(self.layer_norm_3(x))
 
 
@@ -67,9 +73,10 @@ class TransformerDecoder(nn.Module):
         self.layers = nn.ModuleList(TransformerDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, x, memory, src_mask=None, tgt_mask=None):
-        for layer in self.layers:
-            x = layer(x, memory, src_mask, tgt_mask)
+    def forward(self, x, memory, src_mask=None, tgt_mask=None, cache: KVCache | None = None):
+        for i, layer in enumerate(self.layers):
+            caches = (None, None) if cache is None else (cache.layers[i], cache.cross[i])
+            x = layer(x, memory, src_mask, tgt_mask, *caches)
         return self.norm(x)
 
 
@@ -89,6 +96,8 @@ class EncoderDecoder(nn.Module):
 
     ``forward(src, tgt, src_mask=None, tgt_mask=None)`` -> decoder hidden states ``[B, Lt, d]``;
     ``tgt_mask`` defaults to the causal mask. ``generator(hidden)`` gives log-probabilities.
+    ``decode(..., cache=model.new_cache())`` decodes incrementally (chapter 15): ``tgt`` then holds
+    only the positions not yet in the cache.
     """
 
     def __init__(self, config, src_vocab: int, tgt_vocab: int):
@@ -106,10 +115,15 @@ class EncoderDecoder(nn.Module):
             x = layer(x, src_mask)
         return self.encoder_norm(x)
 
-    def decode(self, memory, src_mask, tgt, tgt_mask=None):
-        if tgt_mask is None:
-            tgt_mask = causal_mask(tgt.shape[1], device=tgt.device)
-        return self.decoder(self.tgt_embed(tgt), memory, src_mask, tgt_mask)
+    def decode(self, memory, src_mask, tgt, tgt_mask=None, cache: KVCache | None = None):
+        past = 0 if cache is None else cache.length
+        if tgt_mask is None and not (cache is not None and tgt.shape[1] == 1):
+            tgt_mask = causal_mask(tgt.shape[1], device=tgt.device, past=past)
+        return self.decoder(self.tgt_embed(tgt, start=past), memory, src_mask, tgt_mask, cache)
+
+    def new_cache(self) -> KVCache:
+        """An empty cache for ``decode``: self- and cross-attention keys and values for each layer."""
+        return KVCache(len(self.decoder.layers), cross_attention=True)
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None):
         return self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)
@@ -131,12 +145,19 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 2, d_model: int = 512, d
 
 
 @torch.no_grad()
-def greedy_decode(model, src, src_mask, max_len: int, start_symbol: int) -> torch.Tensor:
-    """Pick the most probable next token, step by step: ``[B, max_len]``, starting with ``start_symbol``."""
+def greedy_decode(model, src, src_mask, max_len: int, start_symbol: int, use_cache: bool = False) -> torch.Tensor:
+    """Pick the most probable next token, step by step: ``[B, max_len]``, starting with ``start_symbol``.
+
+    With ``use_cache=True`` each step feeds the decoder only the newest token and reuses the keys
+    and values of the earlier ones (chapter 15); the cross-attention's keys and values of the
+    memory are computed once. The tokens are the same either way.
+    """
     memory = model.encode(src, src_mask)
     ys = torch.full((src.shape[0], 1), start_symbol, dtype=torch.long, device=src.device)
+    cache = model.new_cache() if use_cache else None
     for _ in range(max_len - 1):
-        log_probs = model.generator(model.decode(memory, src_mask, ys)[:, -1])
+        tgt = ys[:, -1:] if use_cache else ys
+        log_probs = model.generator(model.decode(memory, src_mask, tgt, cache=cache)[:, -1])
         ys = torch.cat([ys, log_probs.argmax(dim=-1, keepdim=True)], dim=1)
     return ys
 

@@ -36,8 +36,10 @@ class TransformerEncoderLayer(nn.Module):
     - pre-LN (``True``):  ``x = x + attn(LN1(x))``;  ``x = x + ff(LN2(x))``
     - post-LN (``False``, as BERT): ``x = LN1(x + attn(x))``;  ``x = LN2(x + ff(x))``
 
-    ``forward(x [B, L, hidden], mask=None, output_attentions=False)`` -> ``[B, L, hidden]``, or
-    ``(hidden, weights [B, heads, L, L])`` when ``output_attentions`` is set.
+    ``forward(x [B, L, hidden], mask=None, output_attentions=False, cache=None)`` ->
+    ``[B, L, hidden]``, or ``(hidden, weights [B, heads, L, L])`` when ``output_attentions`` is set.
+    ``cache`` (a ``tfcore.LayerCache``) is handed to the self-attention: with it, a causal stack of
+    these layers (the GPT of chapter 14) runs on the new positions only (chapter 15).
     """
 
     def __init__(self, config):
@@ -49,18 +51,18 @@ class TransformerEncoderLayer(nn.Module):
         self.feed_forward = FeedForward(config)
         self.layer_norm_2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def _attend(self, x, mask, need_weights):
-        output, weights = self.attention(x, mask=mask, return_weights=True) if need_weights else \
-            (self.attention(x, mask=mask), None)
+    def _attend(self, x, mask, need_weights, cache):
+        output, weights = self.attention(x, mask=mask, return_weights=True, cache=cache) if need_weights \
+            else (self.attention(x, mask=mask, cache=cache), None)
         return self.dropout(output), weights
 
-    def forward(self, x, mask=None, output_attentions=False):
+    def forward(self, x, mask=None, output_attentions=False, cache=None):
         if self.norm_first:
-            attended, weights = self._attend(self.layer_norm_1(x), mask, output_attentions)
+            attended, weights = self._attend(self.layer_norm_1(x), mask, output_attentions, cache)
             x = x + attended
             x = x + self.feed_forward(self.layer_norm_2(x))
         else:
-            attended, weights = self._attend(x, mask, output_attentions)
+            attended, weights = self._attend(x, mask, output_attentions, cache)
             x = self.layer_norm_1(x + attended)
             x = self.layer_norm_2(x + self.feed_forward(x))
         return (x, weights) if output_attentions else x

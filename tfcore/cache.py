@@ -1,0 +1,65 @@
+"""The KV cache: the keys and values of the positions generated so far (chapter 15).
+
+A causal model never lets an earlier position look at a later one, so the keys and values that a
+position produced stay valid for the rest of the generation. Keeping them means each new token
+costs one position's work instead of the whole sequence's.
+
+Shapes: keys and values ``[B, H_kv, L, head_dim]``, where ``H_kv`` is the number of key/value
+heads (the number of heads in multi-head attention, fewer in grouped-query attention).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class LayerCache:
+    """The keys and values of one attention layer; empty (``keys is None``) until first used."""
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        """The number of positions held."""
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor):
+        """Self-attention: add the new positions' ``[B, H_kv, L_new, d]``; return all of them."""
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            if keys.shape[:2] != self.keys.shape[:2] or keys.shape[-1] != self.keys.shape[-1]:
+                raise ValueError(f"the cache holds keys of shape {tuple(self.keys.shape)} ([B, heads, L, d]); "
+                                 f"new keys of shape {tuple(keys.shape)} do not continue them: use one cache "
+                                 f"per sequence batch, and model.new_cache() for a new one")
+            self.keys = torch.cat([self.keys, keys], dim=-2)
+            self.values = torch.cat([self.values, values], dim=-2)
+        return self.keys, self.values
+
+    def store(self, keys: torch.Tensor, values: torch.Tensor):
+        """Cross-attention: keep the memory's keys and values, computed once; return them."""
+        self.keys, self.values = keys, values
+        return keys, values
+
+
+class KVCache:
+    """One ``LayerCache`` per layer (``cache[i]``), and for an encoder-decoder one more per layer
+    for the cross-attention (``cache.cross[i]``)."""
+
+    def __init__(self, num_layers: int, cross_attention: bool = False):
+        self.layers = [LayerCache() for _ in range(num_layers)]
+        self.cross = [LayerCache() for _ in range(num_layers)] if cross_attention else None
+
+    def __getitem__(self, index: int) -> LayerCache:
+        return self.layers[index]
+
+    @property
+    def length(self) -> int:
+        """The number of positions already cached: the position the next token will take."""
+        return len(self.layers[0]) if self.layers else 0
+
+    def nbytes(self) -> int:
+        """The bytes held by every cached key and value tensor."""
+        slots = self.layers + (self.cross or [])
+        return sum(t.numel() * t.element_size() for c in slots for t in (c.keys, c.values) if t is not None)

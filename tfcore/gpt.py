@@ -1,0 +1,166 @@
+"""A decoder-only Transformer wired as GPT-2, built from the book's own parts (chapter 14).
+
+GPT-2 is the pre-LN encoder layer of chapter 5 run under the causal mask of chapter 3, with
+learned positions, a final LayerNorm and an output layer that shares the token embeddings.
+
+Shapes: ``input_ids [B, L]`` -> logits ``[B, L, vocab_size]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .attention import causal_mask
+from .cache import KVCache
+from .encoder import check_input_ids
+from .layers import TransformerEncoderLayer
+
+ACTIVATIONS = {
+    "gelu": lambda: nn.GELU(),  # exact, erf-based: BERT
+    "gelu_new": lambda: nn.GELU(approximate="tanh"),  # GPT-2's tanh approximation
+    "gelu_pytorch_tanh": lambda: nn.GELU(approximate="tanh"),
+    "relu": lambda: nn.ReLU(),
+    "silu": lambda: nn.SiLU(),
+}
+
+
+def check_positions(input_ids, past: int, max_positions: int) -> None:
+    """A clear error when ``past`` cached positions plus ``input_ids [B, L]`` exceed the model's."""
+    if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and past + input_ids.shape[1] > max_positions:
+        raise ValueError(f"positions {past}..{past + input_ids.shape[1] - 1} do not fit: the model has "
+                         f"{max_positions} positions (max_position_embeddings); use a shorter prompt "
+                         f"or generate fewer tokens")
+
+
+def activation(name: str) -> nn.Module:
+    """The activation module that a transformers config names (``hidden_act``/``activation_function``)."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; tfcore supports {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]()
+
+
+@dataclass
+class GPTConfig:
+    """The sizes of a GPT. The field names are the ones tfcore's layers read (BERT's names);
+    GPT-2's own names are in the comments. ``intermediate_size`` defaults to 4 x ``hidden_size``."""
+
+    vocab_size: int = 50257
+    max_position_embeddings: int = 1024  # n_positions
+    hidden_size: int = 768  # n_embd
+    num_hidden_layers: int = 12  # n_layer
+    num_attention_heads: int = 12  # n_head
+    intermediate_size: int | None = None  # n_inner
+    hidden_act: str = "gelu_new"  # activation_function
+    layer_norm_eps: float = 1e-5  # layer_norm_epsilon
+    hidden_dropout_prob: float = 0.1  # embd_pdrop and resid_pdrop
+    attention_probs_dropout_prob: float = 0.1  # attn_pdrop
+    tie_word_embeddings: bool = True
+    norm_first: bool = True  # pre-LN, always, in GPT-2
+
+    def __post_init__(self):
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
+        if not self.norm_first:
+            raise ValueError("GPT-2 is pre-LN: norm_first must be True")
+
+
+class GPT(nn.Module):
+    """Token and learned position embeddings, N pre-LN causal blocks, a final LayerNorm, and a
+    linear layer to the vocabulary whose weight is the token embedding matrix (tied).
+
+    ``forward(input_ids [B, L], cache=None)`` -> logits ``[B, L, vocab_size]``. With a cache
+    (``model.new_cache()``), ``input_ids`` holds only the positions that follow the cached ones.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.token_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)  # wte
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)  # wpe
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.blocks = nn.ModuleList(TransformerEncoderLayer(config) for _ in range(config.num_hidden_layers))
+        for block in self.blocks:
+            block.feed_forward.gelu = activation(config.hidden_act)  # GPT-2: the tanh GELU
+        self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # ln_f
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.token_embeddings.weight
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module):
+        """GPT-2's initialisation: normal(0, 0.02) for linear and embedding weights, zero biases."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    @property
+    def max_positions(self) -> int:
+        return self.config.max_position_embeddings
+
+    def new_cache(self) -> KVCache:
+        return KVCache(len(self.blocks))
+
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        past = 0 if cache is None else cache.length
+        check_positions(input_ids, past, self.max_positions)
+        check_input_ids(input_ids, self.config.vocab_size, self.max_positions)
+        length = input_ids.shape[1]
+        positions = torch.arange(past, past + length, device=input_ids.device)
+        x = self.dropout(self.token_embeddings(input_ids) + self.position_embeddings(positions))
+        # One new token may look at every cached one: no mask needed.
+        mask = None if (cache is not None and length == 1) else causal_mask(length, input_ids.device, past)
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, cache=None if cache is None else cache[i])
+        return self.lm_head(self.final_layer_norm(x))
+
+    @classmethod
+    def from_transformers(cls, model) -> "GPT":
+        """A ``GPT`` holding the weights of a ``transformers.GPT2LMHeadModel``, in eval mode.
+
+        GPT-2 stores its linear layers as ``Conv1D`` with the weight transposed (``[in, out]``),
+        and its query, key and value projections as one ``c_attn`` of width 3 x hidden: we
+        transpose, and cut ``c_attn`` into three.
+        """
+        hf = model.config
+        if getattr(hf, "model_type", None) != "gpt2" or not hasattr(model, "transformer"):
+            raise TypeError(f"expected a transformers GPT2LMHeadModel, got {type(model).__name__}")
+        for flag, wanted in (("scale_attn_by_inverse_layer_idx", False), ("scale_attn_weights", True),
+                             ("add_cross_attention", False)):
+            if getattr(hf, flag, wanted) != wanted:
+                raise ValueError(f"tfcore.GPT does not implement GPT-2's {flag}={not wanted}; only "
+                                 f"the standard GPT-2 wiring ({flag}={wanted}) can be ported")
+        config = GPTConfig(vocab_size=hf.vocab_size, max_position_embeddings=hf.n_positions,
+                           hidden_size=hf.n_embd, num_hidden_layers=hf.n_layer, num_attention_heads=hf.n_head,
+                           intermediate_size=hf.n_inner, hidden_act=hf.activation_function,
+                           layer_norm_eps=hf.layer_norm_epsilon, hidden_dropout_prob=hf.resid_pdrop,
+                           attention_probs_dropout_prob=hf.attn_pdrop,
+                           tie_word_embeddings=getattr(hf, "tie_word_embeddings", True))
+        gpt = cls(config)
+        source = model.transformer
+        hidden = config.hidden_size
+
+        def linear(target: nn.Linear, weight, bias):  # Conv1D [in, out] -> Linear [out, in]
+            target.weight.copy_(weight.t())
+            target.bias.copy_(bias)
+
+        with torch.no_grad():
+            gpt.token_embeddings.weight.copy_(source.wte.weight)
+            gpt.position_embeddings.weight.copy_(source.wpe.weight)
+            for block, h in zip(gpt.blocks, source.h):
+                block.layer_norm_1.load_state_dict(h.ln_1.state_dict())
+                w, b = h.attn.c_attn.weight, h.attn.c_attn.bias
+                for i, part in enumerate((block.attention.query, block.attention.key, block.attention.value)):
+                    linear(part, w[:, i * hidden:(i + 1) * hidden], b[i * hidden:(i + 1) * hidden])
+                linear(block.attention.output_linear, h.attn.c_proj.weight, h.attn.c_proj.bias)
+                block.layer_norm_2.load_state_dict(h.ln_2.state_dict())
+                linear(block.feed_forward.linear_1, h.mlp.c_fc.weight, h.mlp.c_fc.bias)
+                linear(block.feed_forward.linear_2, h.mlp.c_proj.weight, h.mlp.c_proj.bias)
+            gpt.final_layer_norm.load_state_dict(source.ln_f.state_dict())
+            if not config.tie_word_embeddings:
+                gpt.lm_head.weight.copy_(model.lm_head.weight)
+        return gpt.eval()
