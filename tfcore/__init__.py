@@ -35,7 +35,7 @@ from .layers import FeedForward, TransformerEncoderLayer
 from .llama import (GroupedQueryAttention, Llama, LlamaConfig, RMSNorm, SwiGLU, apply_rotary, rotary_cos_sin,
                     rotary_frequencies, rotate_half)
 from .runtime import setup
-from .training import (accuracy, digit_reversal, label_smoothed_nll, load_word_senses, lr_factor,
+from .training import (accuracy, digit_reversal, label_smoothed_nll, load_book_prose, load_word_senses, lr_factor,
                        train_classifier, train_seq2seq)
 
 __all__ = [
@@ -72,6 +72,7 @@ __all__ = [
     "is_embedded",
     "label_smoothed_nll",
     "length_penalty",
+    "load_book_prose",
     "load_config",
     "load_pretrained",
     "load_tokenizer",

@@ -1,4 +1,4 @@
-"""Training loops (chapters 8, 10 and 11) and the book's two small data sets.
+"""Training loops (chapters 8, 10 and 11) and the book's small data sets.
 
 The classifier loop of chapter 8: AdamW, cross-entropy, one line per epoch.
 
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from .runtime import shifted
 
 WORD_SENSES = Path(__file__).parent / "data" / "word_senses.csv"
+BOOK_PROSE = Path(__file__).parent / "data" / "book_prose.txt"
 SPLITS = ("train", "validation", "test")
 
 
@@ -36,6 +37,22 @@ def load_word_senses(split: str) -> tuple[list[str], list[str], list[str]]:
     label_names = sorted({f"{row['word']}/{row['sense']}" for row in rows})
     chosen = [row for row in rows if row["split"] == split]
     return [row["text"] for row in chosen], [f"{row['word']}/{row['sense']}" for row in chosen], label_names
+
+
+def load_book_prose() -> dict[str, str]:
+    """The prose of this book, frozen for chapter 14: ``{document name: text}``, in reading order.
+
+    The markdown of chapters 1-13 and of the book's intro pages, without code, HTML or link
+    targets (``tools/book_prose.py`` made it; MIT, like the book). About 290,000 characters.
+    """
+    documents, name = {}, None
+    for line in BOOK_PROSE.read_text(encoding="utf-8").splitlines(keepends=True):
+        if line.startswith("=== ") and line.rstrip().endswith(" ==="):
+            name = line.strip()[4:-4]
+            documents[name] = ""
+        else:
+            documents[name] += line
+    return {name: text.strip() + "\n" for name, text in documents.items()}
 
 
 @torch.no_grad()

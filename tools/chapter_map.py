@@ -28,15 +28,18 @@ PARTS = [  # (part, colour, [(number, short title, what you build)])
     ("The decoder", "#ead1dc", [(9, "The decoder", "cross-attention, causality"),
                                 (10, "Training and inference", "greedy and beam search"),
                                 (11, "Translating number words", "BLEU, label smoothing, length penalty")]),
-    ("Family and cost", "#d9d2e9", [(12, "The Transformer family tree", "three branches, their masks"),
+    ("Family and cost", "#d9d2e9", [(12, "The Transformer family tree", "three branches, 2017 to 2026"),
                                     (13, "What attention costs", "costs measured, and what they buy")]),
+    ("The modern decoder", "#fff2cc", [(14, "A GPT from our parts", "equal to GPT-2, BPE, sampling"),
+                                       (15, "Generating fast: the KV cache", "exact, measured, its memory"),
+                                       (16, "The Llama block", "RMSNorm, RoPE, SwiGLU, GQA")]),
 ]
-EDGES = [(n, n + 1) for n in range(1, 13)]  # the reading order; each chapter builds on the last
+EDGES = [(n, n + 1) for n in range(1, 16)]  # the reading order; each chapter builds on the last
 
 
 def main() -> None:
     plt.rcParams["svg.hashsalt"] = "chapter-map"  # stable ids, so the file only changes with the map
-    fig, ax = plt.subplots(figsize=(17.5, 5.2))
+    fig, ax = plt.subplots(figsize=(21, 5.2))
     width, height, centres = 3.55, 0.8, {}
     for column, (part, colour, chapters) in enumerate(PARTS):
         x = column * 4.0
