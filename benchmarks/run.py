@@ -19,6 +19,19 @@ What is timed, by key of results.json:
 - ``additive``: additive (Bahdanau) attention against scaled dot-product attention, one head of 64;
 - ``encoder_parts``: one encoder layer of BERT-base's and of the embedded model's sizes, batch 1,
   cut into its projections, its feed-forward, the L x L part of attention, and whole.
+
+Generation (chapter 15), timed with PyTorch's own harness, ``torch.utils.benchmark.Timer``, the
+implementations taking turns so that a change in the machine's load hits them alike:
+
+- ``generation``: greedy generation of 256 tokens after a 16-token prompt, batch 1, with the KV
+  cache, by ``tfcore.generate`` and by transformers' ``generate`` on the same GPT-2 weights, for a
+  model of about 1M parameters and one of about 20M;
+- ``cache``: the same 1M model generating up to 512 tokens, with and without the cache;
+- ``per_token``: the cost of one new token at a given position: one cached step, against one
+  full forward pass over every position so far.
+
+``--only generation,cache,per_token`` measures just those keys and writes them, with their own
+``machine`` record, into the existing results.json, leaving the other keys as they were.
 """
 
 from __future__ import annotations
@@ -100,6 +113,101 @@ def median_time(fn, repeats: int, warmup: int = 2) -> float:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+GENERATION_MODELS = {  # name -> GPT-2 sizes: about 1.1M and 21M parameters
+    "1M": dict(n_embd=128, n_layer=4, n_head=4, vocab_size=2048),
+    "20M": dict(n_embd=384, n_layer=10, n_head=6, vocab_size=8192),
+}
+SMOKE_MODELS = {"tiny": dict(n_embd=32, n_layer=2, n_head=2, vocab_size=128)}
+
+
+def _gpt2_pair(sizes: dict, positions: int, device):
+    """A random transformers GPT-2 and tfcore's port of it (same weights), in eval mode."""
+    import tfcore
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    reference = GPT2LMHeadModel(GPT2Config(n_positions=positions, bos_token_id=None, eos_token_id=None,
+                                           **sizes)).to(device).eval()
+    return reference, tfcore.GPT.from_transformers(reference).to(device)
+
+
+def _take_turns(statements: dict, repeats: int, env: dict) -> dict:
+    """Median seconds of each statement, measured in turns with torch.utils.benchmark.Timer."""
+    from torch.utils import benchmark
+
+    timers = {name: benchmark.Timer(stmt, globals=env, num_threads=torch.get_num_threads())
+              for name, stmt in statements.items()}
+    for timer in timers.values():  # warm-up
+        timer.timeit(1)
+    times = {name: [] for name in statements}
+    for _ in range(repeats):
+        for name, timer in timers.items():
+            times[name].append(timer.timeit(1).median)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def generation(models: dict, prompt: int, new_tokens: int, repeats: int, device) -> list[dict]:
+    import tfcore
+
+    rows = []
+    for name, sizes in models.items():
+        reference, ours = _gpt2_pair(sizes, 512, device)
+        ids = torch.randint(0, sizes["vocab_size"], (1, prompt), device=device)
+        mask = torch.ones_like(ids)  # every prompt token is real (else generate masks those equal to pad_token_id)
+        env = {"tfcore": tfcore, "ours": ours, "reference": reference, "ids": ids, "mask": mask, "n": new_tokens}
+        same = torch.equal(tfcore.generate(ours, ids, new_tokens),
+                           reference.generate(ids, attention_mask=mask, max_new_tokens=new_tokens,
+                                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=0))
+        seconds = _take_turns({"tfcore.generate": "tfcore.generate(ours, ids, n)",
+                               "transformers generate": "reference.generate(ids, attention_mask=mask, max_new_tokens=n, "
+                                                        "min_new_tokens=n, do_sample=False, pad_token_id=0)"},
+                              repeats, env)
+        parameters = sum(p.numel() for p in ours.parameters())
+        rows += [{"what": what, "model": name, "parameters": parameters, "prompt": prompt,
+                  "new_tokens": new_tokens, "seconds": t, "same_tokens": same} for what, t in seconds.items()]
+    return rows
+
+
+def cache_speedup(sizes: dict, name: str, prompt: int, total: int, repeats: int, device) -> list[dict]:
+    import tfcore
+
+    _, ours = _gpt2_pair(sizes, total, device)
+    ids = torch.randint(0, sizes["vocab_size"], (1, prompt), device=device)
+    env = {"tfcore": tfcore, "ours": ours, "ids": ids, "n": total - prompt}
+    seconds = _take_turns({"with cache": "tfcore.generate(ours, ids, n)",
+                           "without cache": "tfcore.generate(ours, ids, n, use_cache=False)"}, repeats, env)
+    return [{"what": what, "model": name, "prompt": prompt, "total_tokens": total, "seconds": t}
+            for what, t in seconds.items()]
+
+
+def per_token(models: dict, positions, repeats: int, device) -> list[dict]:
+    """One new token after ``position`` earlier ones: a cached step against a full forward pass."""
+    rows = []
+    for name, sizes in models.items():
+        _, ours = _gpt2_pair(sizes, max(positions) + 1, device)
+        for position in positions:
+            ids = torch.randint(0, sizes["vocab_size"], (1, position + 1), device=device)
+            cache = ours.new_cache()
+            with torch.no_grad():
+                ours(ids[:, :position], cache=cache)
+            saved = [(layer.keys, layer.values) for layer in cache.layers]
+
+            def cached_step(ours=ours, ids=ids, cache=cache, saved=saved):
+                with torch.no_grad():
+                    ours(ids[:, -1:], cache=cache)
+                for layer, (keys, values) in zip(cache.layers, saved):  # back to `position` entries
+                    layer.keys, layer.values = keys, values
+
+            def full_pass(ours=ours, ids=ids):
+                with torch.no_grad():
+                    ours(ids)
+
+            seconds = _take_turns({"with cache": "cached_step()", "without cache": "full_pass()"}, repeats,
+                                  {"cached_step": cached_step, "full_pass": full_pass})
+            rows += [{"what": what, "model": name, "position": position, "seconds": t}
+                     for what, t in seconds.items()]
+    return rows
 
 
 def attention_alone(lengths, repeats, device) -> list[dict]:
@@ -348,6 +456,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes and repeats, for the tests")
     parser.add_argument("--out", type=Path, default=HERE, help="folder for results.json and results.png")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", help="comma-separated keys to measure, merged into the existing results.json")
     parser.add_argument("--memory-point", nargs=3, metavar=("KIND", "LENGTH", "DEVICE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -365,16 +474,35 @@ def main() -> None:
     shapes = [(1, 16)] if args.smoke else [(8, 128), (1, 512)]
     part_lengths = [16, 32] if args.smoke else [128, 512, 1024, 2048, 4096]
     additive_lengths = [L for L in lengths if L <= 1024]  # its [1, L, L, 64] intermediate: 256 MiB at 1024
-    results = {"machine": machine(args.threads), "attention": [], "encoder": [], "memory": [],
-               "layers": [], "additive": [], "encoder_parts": []}
+    models = SMOKE_MODELS if args.smoke else GENERATION_MODELS
+    prompt, new_tokens, total = (4, 8, 16) if args.smoke else (16, 256, 512)
+    token_positions = [4, 12] if args.smoke else [16, 64, 128, 256, 384, 511]
+    smallest = next(iter(models))
+    measures = {
+        "attention": lambda device: attention_alone(lengths, repeats, device),
+        "encoder": lambda device: encoder(shapes, repeats, device),
+        "memory": lambda device: memory(lengths, device),
+        "layers": lambda device: layers(lengths, repeats, device),
+        "additive": lambda device: additive(additive_lengths, repeats, device),
+        "encoder_parts": lambda device: encoder_parts(part_lengths, repeats, device),
+        "generation": lambda device: generation(models, prompt, new_tokens, 2 if args.smoke else 5, device),
+        "cache": lambda device: cache_speedup(models[smallest], smallest, prompt, total, 2 if args.smoke else 3, device),
+        "per_token": lambda device: per_token(models, token_positions, 3 if args.smoke else 15, device),
+    }
+    keys = list(measures) if not args.only else args.only.split(",")
+    unknown = set(keys) - set(measures)
+    if unknown:
+        parser.error(f"unknown keys {sorted(unknown)}; choose from {sorted(measures)}")
+    if args.only:
+        results = json.loads((args.out / "results.json").read_text())
+        for key in keys:
+            results[key] = []
+            results[f"machine_{key}"] = machine(args.threads)
+    else:
+        results = {"machine": machine(args.threads)} | {key: [] for key in keys}
     for device in devices:
-        for key, measure in (("attention", lambda: attention_alone(lengths, repeats, device)),
-                             ("encoder", lambda: encoder(shapes, repeats, device)),
-                             ("memory", lambda: memory(lengths, device)),
-                             ("layers", lambda: layers(lengths, repeats, device)),
-                             ("additive", lambda: additive(additive_lengths, repeats, device)),
-                             ("encoder_parts", lambda: encoder_parts(part_lengths, repeats, device))):
-            results[key] += [r | {"device": device} for r in measure()]
+        for key in keys:
+            results[key] += [r | {"device": device} for r in measures[key](device)]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     plot(results, args.out / "results.png")

@@ -33,6 +33,10 @@ def test_smoke_run_writes_results_and_plot(tmp_path):
     assert {(r["model"], r["what"]) for r in results["encoder_parts"]} == {
         (model, part) for model in ("bert-base", "embedded") for part in ENCODER_PARTS}
     assert all(r["seconds"] > 0 for r in results["layers"] + results["additive"] + results["encoder_parts"])
+    assert {r["what"] for r in results["generation"]} == {"tfcore.generate", "transformers generate"}
+    assert all(r["same_tokens"] for r in results["generation"])  # same weights, same greedy tokens
+    assert {r["what"] for r in results["cache"]} == {r["what"] for r in results["per_token"]} == {"with cache", "without cache"}
+    assert all(r["seconds"] > 0 for r in results["generation"] + results["cache"] + results["per_token"])
 
 
 def _seconds(rows, what, **where):
@@ -71,6 +75,32 @@ def test_committed_run_has_the_rows_chapter_13_reads(committed):
     parts = {(r["model"], r["what"], r["length"]) for r in committed["encoder_parts"] if r["device"] == "cpu"}
     assert {length for _, _, length in parts} >= {512, 1024, 2048, 4096}
     assert len(parts) == 2 * len(ENCODER_PARTS) * len({length for _, _, length in parts})
+
+
+@pytest.mark.parametrize("model", ["1M", "20M"])
+def test_committed_generation_is_not_slower_than_transformers(committed, model):
+    rows = [r for r in committed["generation"] if r["model"] == model and r["device"] == "cpu"]
+    assert committed["machine_generation"]["torch_threads"] == 2
+    assert {(r["prompt"], r["new_tokens"]) for r in rows} == {(16, 256)}
+    assert all(r["same_tokens"] for r in rows)
+    ratio = _seconds(rows, "tfcore.generate") / _seconds(rows, "transformers generate")
+    assert ratio <= 1.0, ratio
+    parameters = rows[0]["parameters"]
+    assert (0.8e6 <= parameters <= 1.5e6) if model == "1M" else (15e6 <= parameters <= 25e6), parameters
+
+
+def test_committed_cache_speedup_at_512_tokens(committed):
+    rows = [r for r in committed["cache"] if r["device"] == "cpu" and r["total_tokens"] == 512]
+    speedup = _seconds(rows, "without cache") / _seconds(rows, "with cache")
+    assert speedup >= 5, speedup
+
+
+def test_committed_run_has_the_rows_chapter_15_reads(committed):
+    rows = [r for r in committed["per_token"] if r["device"] == "cpu"]
+    positions = {r["position"] for r in rows}
+    assert {(r["model"], r["what"], r["position"]) for r in rows} == {
+        (model, what, p) for model in ("1M", "20M") for what in ("with cache", "without cache") for p in positions}
+    assert max(positions) == 511 and len(positions) >= 5
 
 
 def _class_without_docstring(source, name):

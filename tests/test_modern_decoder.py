@@ -60,7 +60,10 @@ def logit_gap(ours, reference, ids) -> float:
 
 
 def reference_greedy(reference, prompt, n):
-    return reference.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    # The attention mask says every prompt token is real: without it, generate() would mask each
+    # prompt token that equals pad_token_id.
+    return reference.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, pad_token_id=0)
 
 
 def cached_logits_gap(model, ids, prompt_len=3) -> float:
@@ -265,6 +268,16 @@ def test_next_token_probs_cuts_as_documented():
     assert (nucleus > 0).sum() == 2 and torch.allclose(nucleus.sum(), torch.tensor(1.0))
     assert (tfcore.next_token_probs(logits, top_p=0.5) > 0).sum() == 1  # the first alone has 0.563 ≥ 0.5
     assert (tfcore.next_token_probs(logits, top_p=0.8) > 0).sum() == 3
+
+
+def test_the_book_prose_corpus():
+    documents = tfcore.load_book_prose()
+    names = list(documents)
+    assert len(names) == 15 and names[0] == "01_text_to_tensors" and names[-1] == "book/how_to_run"
+    assert documents["01_text_to_tensors"].startswith("# 1. From text to tensors")
+    text = "".join(documents.values())
+    assert 250_000 < len(text) < 350_000
+    assert "```" not in text and "](" not in text and "<div" not in text  # no code, link targets or HTML
 
 
 def test_config_errors_name_the_fix():
