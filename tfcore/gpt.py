@@ -27,12 +27,23 @@ ACTIVATIONS = {
 }
 
 
-def check_positions(input_ids, past: int, max_positions: int) -> None:
-    """A clear error when ``past`` cached positions plus ``input_ids [B, L]`` exceed the model's."""
+def positions_and_mask(input_ids, cache: KVCache | None, vocab_size: int, max_positions: int):
+    """Check ``input_ids [B, L]`` and return the positions ``[L]`` of its tokens and their causal mask.
+
+    With a cache of ``P`` positions the new tokens take positions ``P .. P + L - 1`` and may see
+    all ``P + L`` keys (``[1, L, P + L]``); one new token may see every key, so it needs no mask
+    (None). A clear error when ``P + L`` exceeds the model's ``max_positions``.
+    """
+    past = 0 if cache is None else cache.length
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and past + input_ids.shape[1] > max_positions:
         raise ValueError(f"positions {past}..{past + input_ids.shape[1] - 1} do not fit: the model has "
                          f"{max_positions} positions (max_position_embeddings); use a shorter prompt "
                          f"or generate fewer tokens")
+    check_input_ids(input_ids, vocab_size, max_positions)
+    length = input_ids.shape[1]
+    positions = torch.arange(past, past + length, device=input_ids.device)
+    mask = None if (cache is not None and length == 1) else causal_mask(length, input_ids.device, past)
+    return positions, mask
 
 
 def activation(name: str) -> nn.Module:
@@ -106,14 +117,8 @@ class GPT(nn.Module):
         return KVCache(len(self.blocks))
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        past = 0 if cache is None else cache.length
-        check_positions(input_ids, past, self.max_positions)
-        check_input_ids(input_ids, self.config.vocab_size, self.max_positions)
-        length = input_ids.shape[1]
-        positions = torch.arange(past, past + length, device=input_ids.device)
+        positions, mask = positions_and_mask(input_ids, cache, self.config.vocab_size, self.max_positions)
         x = self.dropout(self.token_embeddings(input_ids) + self.position_embeddings(positions))
-        # One new token may look at every cached one: no mask needed.
-        mask = None if (cache is not None and length == 1) else causal_mask(length, input_ids.device, past)
         for i, block in enumerate(self.blocks):
             x = block(x, mask, cache=None if cache is None else cache[i])
         return self.lm_head(self.final_layer_norm(x))

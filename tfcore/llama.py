@@ -16,10 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attention import causal_mask, scaled_dot_product_attention
+from .attention import scaled_dot_product_attention
 from .cache import KVCache, LayerCache
-from .encoder import check_input_ids
-from .gpt import activation, check_positions
+from .gpt import activation, positions_and_mask
 
 
 @dataclass
@@ -219,13 +218,9 @@ class Llama(nn.Module):
         return KVCache(len(self.layers))
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        past = 0 if cache is None else cache.length
-        check_positions(input_ids, past, self.max_positions)
-        check_input_ids(input_ids, self.config.vocab_size, self.max_positions)
-        length = input_ids.shape[1]
-        cos, sin = rotary_cos_sin(torch.arange(past, past + length, device=input_ids.device), self.inv_freq)
+        positions, mask = positions_and_mask(input_ids, cache, self.config.vocab_size, self.max_positions)
+        cos, sin = rotary_cos_sin(positions, self.inv_freq)
         x = self.embed_tokens(input_ids)
-        mask = None if (cache is not None and length == 1) else causal_mask(length, input_ids.device, past)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, None if cache is None else cache[i])
         return self.lm_head(self.norm(x))
