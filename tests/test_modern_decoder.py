@@ -191,6 +191,21 @@ def test_cache_size_is_two_tensors_per_layer_of_kv_heads():
     assert cache.nbytes() == 2 * config.num_hidden_layers * 3 * 2 * 11 * config.head_dim * 4
 
 
+def test_a_cache_with_capacity_writes_in_place_and_equals_the_growing_one():
+    model = tfcore.Llama.from_transformers(llama())
+    ids = torch.randint(0, 97, (2, 30), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        growing, reserved = model.new_cache(), model.new_cache(capacity=30)
+        a = torch.cat([model(ids[:, :5], cache=growing)] + [model(ids[:, i:i + 1], cache=growing) for i in range(5, 30)], 1)
+        b = torch.cat([model(ids[:, :5], cache=reserved)] + [model(ids[:, i:i + 1], cache=reserved) for i in range(5, 30)], 1)
+    assert torch.equal(a, b) and torch.equal(growing[0].keys, reserved[0].keys)
+    assert reserved[0].keys.data_ptr() == reserved[0]._room[0].data_ptr()  # a view of the room, not a copy
+    assert reserved.nbytes() == growing.nbytes()
+    with pytest.raises(ValueError, match="room for 30 positions"):
+        with torch.no_grad():
+            model(ids[:, :1], cache=reserved)
+
+
 def test_encoder_decoder_cache_gives_the_same_tokens_and_encodes_the_memory_once():
     torch.manual_seed(0)
     model = tfcore.make_model(11, 13, N=2, d_model=32, d_ff=64, h=4, dropout=0.0, verbose=False).eval()

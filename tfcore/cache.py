@@ -14,11 +14,20 @@ import torch
 
 
 class LayerCache:
-    """The keys and values of one attention layer; empty (``keys is None``) until first used."""
+    """The keys and values of one attention layer; empty (``keys is None``) until first used.
 
-    def __init__(self):
+    By default each ``append`` makes a new tensor with ``torch.cat``, which copies every cached
+    position again. With a ``capacity`` (the most positions it will hold), the first ``append``
+    allocates room for all of them and each later one writes its positions in place: ``keys``
+    and ``values`` are then views of the filled part. ``tfcore.generate`` knows the final length
+    and uses it.
+    """
+
+    def __init__(self, capacity: int | None = None):
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
+        self.capacity = capacity
+        self._room: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __len__(self) -> int:
         """The number of positions held."""
@@ -26,15 +35,30 @@ class LayerCache:
 
     def append(self, keys: torch.Tensor, values: torch.Tensor):
         """Self-attention: add the new positions' ``[B, H_kv, L_new, d]``; return all of them."""
+        if self.keys is not None and (keys.shape[:2] != self.keys.shape[:2] or keys.shape[-1] != self.keys.shape[-1]):
+            raise ValueError(f"the cache holds keys of shape {tuple(self.keys.shape)} ([B, heads, L, d]); "
+                             f"new keys of shape {tuple(keys.shape)} do not continue them: use one cache "
+                             f"per sequence batch, and model.new_cache() for a new one")
+        if self.capacity is not None:
+            return self._write(keys, values)
         if self.keys is None:
             self.keys, self.values = keys, values
         else:
-            if keys.shape[:2] != self.keys.shape[:2] or keys.shape[-1] != self.keys.shape[-1]:
-                raise ValueError(f"the cache holds keys of shape {tuple(self.keys.shape)} ([B, heads, L, d]); "
-                                 f"new keys of shape {tuple(keys.shape)} do not continue them: use one cache "
-                                 f"per sequence batch, and model.new_cache() for a new one")
             self.keys = torch.cat([self.keys, keys], dim=-2)
             self.values = torch.cat([self.values, values], dim=-2)
+        return self.keys, self.values
+
+    def _write(self, keys, values):
+        start, end = len(self), len(self) + keys.shape[-2]
+        if end > self.capacity:
+            raise ValueError(f"the cache has room for {self.capacity} positions (capacity); {end} do not fit")
+        if self._room is None:  # [B, H_kv, capacity, d] for the keys and for the values
+            shape = (*keys.shape[:-2], self.capacity, keys.shape[-1])
+            self._room = keys.new_empty(shape), values.new_empty(shape)
+        room_keys, room_values = self._room
+        room_keys[..., start:end, :] = keys
+        room_values[..., start:end, :] = values
+        self.keys, self.values = room_keys[..., :end, :], room_values[..., :end, :]
         return self.keys, self.values
 
     def store(self, keys: torch.Tensor, values: torch.Tensor):
@@ -45,10 +69,11 @@ class LayerCache:
 
 class KVCache:
     """One ``LayerCache`` per layer (``cache[i]``), and for an encoder-decoder one more per layer
-    for the cross-attention (``cache.cross[i]``)."""
+    for the cross-attention (``cache.cross[i]``). ``capacity`` is handed to the self-attention
+    caches."""
 
-    def __init__(self, num_layers: int, cross_attention: bool = False):
-        self.layers = [LayerCache() for _ in range(num_layers)]
+    def __init__(self, num_layers: int, cross_attention: bool = False, capacity: int | None = None):
+        self.layers = [LayerCache(capacity) for _ in range(num_layers)]
         self.cross = [LayerCache() for _ in range(num_layers)] if cross_attention else None
 
     def __getitem__(self, index: int) -> LayerCache:
@@ -60,6 +85,6 @@ class KVCache:
         return len(self.layers[0]) if self.layers else 0
 
     def nbytes(self) -> int:
-        """The bytes held by every cached key and value tensor."""
+        """The bytes of every cached key and value (a cache with a capacity reserves more)."""
         slots = self.layers + (self.cross or [])
         return sum(t.numel() * t.element_size() for c in slots for t in (c.keys, c.values) if t is not None)

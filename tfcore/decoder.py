@@ -121,9 +121,9 @@ class EncoderDecoder(nn.Module):
             tgt_mask = causal_mask(tgt.shape[1], device=tgt.device, past=past)
         return self.decoder(self.tgt_embed(tgt, start=past), memory, src_mask, tgt_mask, cache)
 
-    def new_cache(self) -> KVCache:
+    def new_cache(self, capacity: int | None = None) -> KVCache:
         """An empty cache for ``decode``: self- and cross-attention keys and values for each layer."""
-        return KVCache(len(self.decoder.layers), cross_attention=True)
+        return KVCache(len(self.decoder.layers), cross_attention=True, capacity=capacity)
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None):
         return self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)
@@ -154,7 +154,7 @@ def greedy_decode(model, src, src_mask, max_len: int, start_symbol: int, use_cac
     """
     memory = model.encode(src, src_mask)
     ys = torch.full((src.shape[0], 1), start_symbol, dtype=torch.long, device=src.device)
-    cache = model.new_cache() if use_cache else None
+    cache = model.new_cache(capacity=max_len - 1) if use_cache else None
     for _ in range(max_len - 1):
         tgt = ys[:, -1:] if use_cache else ys
         log_probs = model.generator(model.decode(memory, src_mask, tgt, cache=cache)[:, -1])

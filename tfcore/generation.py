@@ -74,7 +74,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, use_cache: boo
                          f"ask for at most {limit - input_ids.shape[1]} new tokens")
     was_training = model.training
     model.eval()
-    cache = model.new_cache() if use_cache else None
+    # The final length is known: the cache reserves room for it and writes each step in place.
+    cache = model.new_cache(capacity=total - 1) if use_cache else None
     ids, step_input = input_ids, input_ids
     for _ in range(int(max_new_tokens)):
         logits = model(step_input, cache=cache)[:, -1]  # [B, vocab]: the next token's scores

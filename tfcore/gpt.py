@@ -113,8 +113,8 @@ class GPT(nn.Module):
     def max_positions(self) -> int:
         return self.config.max_position_embeddings
 
-    def new_cache(self) -> KVCache:
-        return KVCache(len(self.blocks))
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        return KVCache(len(self.blocks), capacity=capacity)
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         positions, mask = positions_and_mask(input_ids, cache, self.config.vocab_size, self.max_positions)

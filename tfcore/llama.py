@@ -214,8 +214,8 @@ class Llama(nn.Module):
     def max_positions(self) -> int:
         return self.config.max_position_embeddings
 
-    def new_cache(self) -> KVCache:
-        return KVCache(len(self.layers))
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        return KVCache(len(self.layers), capacity=capacity)
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         positions, mask = positions_and_mask(input_ids, cache, self.config.vocab_size, self.max_positions)
