@@ -1,6 +1,6 @@
 """What attention costs: time and memory of attention and of the encoder, measured in one process.
 
-    .venv/bin/python benchmarks/run.py                 # full run (about two minutes on 2 CPU cores)
+    .venv/bin/python benchmarks/run.py                 # full run (about ten minutes on 2 CPU cores)
     .venv/bin/python benchmarks/run.py --smoke         # seconds: tiny sizes, for the test suite
     .venv/bin/python benchmarks/run.py --out DIR       # where results.json and results.png go
 
