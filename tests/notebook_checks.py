@@ -129,19 +129,33 @@ def _cell_python(source: str) -> str:
 
 
 def teaching_marker(name: str) -> re.Pattern:
+    """``name`` as tfcore spells it: ``NAME`` or ``keras_transformer.NAME``."""
     return re.compile(rf"#\s*teaching version of tfcore\.{re.escape(name)}\b", re.IGNORECASE)
 
 
-def sync_problems(path: Path, package=None) -> list[str]:
-    """A name that tfcore exports and the notebook defines again must be tfcore's own code, or be
-    marked in its cell with a comment '# teaching version of tfcore.NAME'."""
-    if package is None:
-        import tfcore as package
+def _exports(package) -> dict[str, tuple[str, ast.AST]]:
+    """Each function or class a package exports: its name -> (the name after ``tfcore.``, its AST)."""
+    prefix = package.__name__.partition(".")[2]
     exported = {}
     for name in package.__all__:
         obj = getattr(package, name)
         if inspect.isfunction(obj) or inspect.isclass(obj):
-            exported[name] = ast.parse(inspect.getsource(obj)).body[0]
+            exported[name] = (f"{prefix}.{name}" if prefix else name, ast.parse(inspect.getsource(obj)).body[0])
+    return exported
+
+
+def sync_problems(path: Path, *packages) -> list[str]:
+    """A name that tfcore (or its Keras module, ``tfcore.keras_transformer``) exports and the
+    notebook defines again must be tfcore's own code, or be marked in its cell with a comment
+    '# teaching version of tfcore.NAME' (``tfcore.keras_transformer.NAME``)."""
+    if not packages:
+        import tfcore
+        from tfcore import keras_transformer
+
+        packages = (tfcore, keras_transformer)
+    exported = {}
+    for package in packages:
+        exported |= _exports(package)
     problems = []
     nb = nbformat.read(path, as_version=4)
     for i, cell in enumerate(code_cells(nb), 1):
@@ -151,13 +165,14 @@ def sync_problems(path: Path, package=None) -> list[str]:
                 continue
             if node.name not in exported:
                 continue
-            if _normalized(node) == _normalized(exported[node.name]):
+            qualified, original = exported[node.name]
+            if _normalized(node) == _normalized(original):
                 continue
-            if teaching_marker(node.name).search(cell.source):
+            if teaching_marker(qualified).search(cell.source):
                 continue
             problems.append(
-                f"code cell {i} defines {node.name}, which differs from tfcore.{node.name}: make it "
-                f"the same code, or mark the cell '# teaching version of tfcore.{node.name}'")
+                f"code cell {i} defines {node.name}, which differs from tfcore.{qualified}: make it "
+                f"the same code, or mark the cell '# teaching version of tfcore.{qualified}'")
     return problems
 
 

@@ -149,6 +149,22 @@ def test_sync_sees_through_magics(tmp_path):
     assert len(sync_problems(path)) == 1
 
 
+def test_sync_covers_the_keras_module(tmp_path):
+    from tfcore import keras_transformer
+
+    source = inspect.getsource(keras_transformer.FeedForwardLayer)
+    drifted = source.replace("approximate=False", "approximate=True")
+    assert drifted != source
+    same = _notebook(tmp_path, new_markdown_cell("# T"), _executed(source, 1))
+    assert sync_problems(same) == []
+    path = _notebook(tmp_path, new_markdown_cell("# T"), _executed(drifted, 1))
+    problems = sync_problems(path)
+    assert len(problems) == 1 and "differs from tfcore.keras_transformer.FeedForwardLayer" in problems[0], problems
+    marked = "# teaching version of tfcore.keras_transformer.FeedForwardLayer\n" + drifted
+    path = _notebook(tmp_path, new_markdown_cell("# T"), _executed(marked, 1))
+    assert sync_problems(path) == []
+
+
 def test_colab_check_rejects_an_unguarded_install(tmp_path):
     path = _notebook(tmp_path, new_markdown_cell("# T"), _executed("!pip install tfcore", 1))
     assert len(colab_problems(path, REPO_URL)) == 3

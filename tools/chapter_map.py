@@ -33,13 +33,14 @@ PARTS = [  # (part, colour, [(number, short title, what you build)])
     ("The modern decoder", "#fff2cc", [(14, "A GPT from our parts", "equal to GPT-2, BPE, sampling"),
                                        (15, "Generating fast: the KV cache", "exact, measured, its memory"),
                                        (16, "The Llama block", "RMSNorm, RoPE, SwiGLU, GQA")]),
+    ("Appendix", "#eeeeee", [(17, "The same model in Keras", "proven equal, model.fit, the map")]),
 ]
-EDGES = [(n, n + 1) for n in range(1, 16)]  # the reading order; each chapter builds on the last
+EDGES = [(n, n + 1) for n in range(1, 16)]  # the reading order; each chapter builds on the last (17 is an appendix)
 
 
 def main() -> None:
     plt.rcParams["svg.hashsalt"] = "chapter-map"  # stable ids, so the file only changes with the map
-    fig, ax = plt.subplots(figsize=(21, 5.2))
+    fig, ax = plt.subplots(figsize=(24.5, 5.2))
     width, height, centres = 3.55, 0.8, {}
     for column, (part, colour, chapters) in enumerate(PARTS):
         x = column * 4.0

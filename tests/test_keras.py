@@ -1,0 +1,162 @@
+"""The Keras appendix's model equals tfcore's, piece by piece, once the weights are copied.
+
+Every comparison is within 1e-5, on the same inputs and masks. One test plants a single weight
+copied without its transpose and shows that the comparison then fails.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import BertConfig
+
+import tfcore
+from tfcore import keras_transformer as kt
+from tfcore.training import BOS, PAD
+
+keras = kt.keras
+ops = kt.ops
+
+D_MODEL, HEADS, D_FF = 32, 4, 64
+CONFIG = BertConfig(hidden_size=D_MODEL, num_attention_heads=HEADS, intermediate_size=D_FF, hidden_dropout_prob=0.0,
+                    attention_probs_dropout_prob=0.0, layer_norm_eps=1e-5, norm_first=True)
+
+
+def numpy(x):
+    return ops.convert_to_numpy(x) if not isinstance(x, torch.Tensor) else x.detach().cpu().numpy()
+
+
+def gap(keras_output, torch_output) -> float:
+    return float(np.abs(numpy(keras_output) - numpy(torch_output)).max())
+
+
+@pytest.fixture
+def inputs():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 7, D_MODEL, generator=generator)
+    memory = torch.randn(3, 5, D_MODEL, generator=generator)
+    src_mask = torch.ones(3, 1, 5, dtype=torch.bool)
+    src_mask[1, :, 3:] = False  # the second source has 3 real tokens, then padding
+    return x, memory, src_mask
+
+
+def test_one_head(inputs):
+    x, memory, src_mask = inputs
+    torch.manual_seed(0)
+    head = tfcore.AttentionHead(D_MODEL, 8)
+    ours = kt.SelfAttentionLayer(8)
+    ours.load_tfcore(head)
+    with torch.no_grad():
+        expected, expected_weights = head(x, memory, mask=src_mask, return_weights=True)
+    output, weights = ours(x, memory, attn_mask=src_mask, return_weights=True)
+    assert tuple(output.shape) == (3, 7, 8)
+    assert gap(output, expected) < 1e-5 and gap(weights, expected_weights) < 1e-5
+
+
+def test_multi_head_attention_with_masks(inputs):
+    x, memory, src_mask = inputs
+    torch.manual_seed(0)
+    attention = tfcore.MultiHeadAttention(CONFIG).eval()
+    ours = kt.MultiHeadAttentionLayer(D_MODEL, HEADS)
+    ours.load_tfcore(attention)
+    causal = tfcore.causal_mask(7)
+    with torch.no_grad():
+        assert gap(ours(x, attn_mask=causal), attention(x, mask=causal)) < 1e-5
+        assert gap(ours(x, memory, memory, attn_mask=src_mask), attention(x, memory, mask=src_mask)) < 1e-5
+    blocked = torch.zeros(3, 1, 5, dtype=torch.bool)  # every key blocked: zero weights, not NaN
+    _, weights = ours.heads[0](x, memory, attn_mask=blocked, return_weights=True)
+    assert np.all(numpy(weights) == 0)
+
+
+def test_feed_forward(inputs):
+    x, _, _ = inputs
+    torch.manual_seed(0)
+    feed_forward = tfcore.FeedForward(CONFIG).eval()
+    ours = kt.FeedForwardLayer(D_FF)
+    ours.load_tfcore(feed_forward)
+    assert tuple(ours.w1.shape) == (D_MODEL, D_FF) and tuple(ours.w2.shape) == (D_FF, D_MODEL)
+    with torch.no_grad():
+        assert gap(ours(x), feed_forward(x)) < 1e-5
+
+
+def test_encoder_and_decoder_layers(inputs):
+    x, memory, src_mask = inputs
+    torch.manual_seed(0)
+    encoder_layer = tfcore.TransformerEncoderLayer(CONFIG).eval()
+    decoder_layer = tfcore.TransformerDecoderLayer(CONFIG).eval()
+    for parameter in [*encoder_layer.parameters(), *decoder_layer.parameters()]:
+        torch.nn.init.normal_(parameter, std=0.3)  # LayerNorm weights and biases away from 1 and 0 too
+    ours_encoder = kt.EncoderLayer(D_MODEL, HEADS, D_FF)
+    ours_encoder.load_tfcore(encoder_layer)
+    ours_decoder = kt.DecoderLayer(D_MODEL, HEADS, D_FF)
+    ours_decoder.load_tfcore(decoder_layer)
+    causal = tfcore.causal_mask(7)
+    with torch.no_grad():
+        assert gap(ours_encoder(memory, attn_mask=src_mask), encoder_layer(memory, src_mask)) < 1e-5
+        expected = decoder_layer(x, memory, src_mask=src_mask, tgt_mask=causal)
+        assert gap(ours_decoder(x, memory, src_mask=src_mask, tgt_mask=causal), expected) < 1e-5
+
+
+def _models(N=2, seed=0):
+    tfcore.setup(seed)
+    theirs = tfcore.make_model(13, 13, N=N, d_model=D_MODEL, d_ff=D_FF, h=HEADS, dropout=0.0, verbose=False).eval()
+    ours = kt.Transformer(13, 13, N=N, d_model=D_MODEL, d_ff=D_FF, num_heads=HEADS, dropout=0.0)
+    ours.load_tfcore(theirs)
+    return ours, theirs
+
+
+def _log_probs(ours, theirs, src, tgt):
+    with torch.no_grad():
+        expected = theirs.generator(theirs(src, tgt, (src != PAD).unsqueeze(1)))
+    return ops.log_softmax(ours((src, tgt)), axis=-1), expected
+
+
+def test_the_whole_encoder_decoder():
+    ours, theirs = _models()
+    src, tgt = tfcore.digit_reversal(16, seed=5)
+    assert (src == PAD).any()  # the source mask matters
+    assert sum(int(np.prod(w.shape)) for w in ours.trainable_weights) == sum(p.numel() for p in theirs.parameters())
+    assert gap(*_log_probs(ours, theirs, src, tgt[:, :-1])) < 1e-5
+    theirs_tokens = tfcore.greedy_decode(theirs, src, (src != PAD).unsqueeze(1), max_len=12, start_symbol=BOS)
+    assert np.array_equal(numpy(ours.greedy_decode(src, max_len=12, start_id=BOS)), numpy(theirs_tokens))
+
+
+def test_one_weight_copied_without_its_transpose_breaks_the_equality():
+    ours, theirs = _models()
+    src, tgt = tfcore.digit_reversal(16, seed=5)
+    assert gap(*_log_probs(ours, theirs, src, tgt[:, :-1])) < 1e-5
+    kernel = ours.encoder_layers[0].attention.output_linear.kernel  # square: it loads without complaint
+    kernel.assign(numpy(theirs.encoder_layers[0].attention.output_linear.weight))  # the weight, not its transpose
+    assert gap(*_log_probs(ours, theirs, src, tgt[:, :-1])) > 1e-3
+
+
+def test_loss_and_schedule_match_the_torch_training():
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 6, 13, generator=generator)
+    target = torch.randint(3, 13, (4, 6), generator=generator)
+    target[:, 4:] = PAD
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=PAD)(target, logits)
+    expected = F.nll_loss(logits.log_softmax(-1).flatten(0, 1), target.flatten(), ignore_index=PAD)
+    assert abs(float(loss) - expected.item()) < 1e-6
+    schedule = kt.WarmupLinearDecay(2e-3, steps=626, warmup=100)
+    for step in (0, 50, 99, 100, 101, 400, 625):
+        assert math.isclose(float(schedule(step)), 2e-3 * tfcore.lr_factor(step, 626, 100), rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("build, problem", [
+    (lambda: kt.MultiHeadAttentionLayer(30, 4), "not divisible by num_heads"),
+    (lambda: kt.MultiHeadAttentionLayer(32, 4)(torch.zeros(2, 5, 16)), "must have shape [B, L, 32]"),
+    (lambda: kt.PositionalEmbedding(13, 8)(torch.tensor([[3, 13]])), "token ids must be in [0, 13)"),
+    (lambda: kt.PositionalEmbedding(13, 8, max_len=4)(torch.ones(1, 5, dtype=torch.long)), "longer than the 4 positions"),
+    (lambda: kt.PositionalEmbedding(13, 8)(np.array([[3.0, 4.0]])), "must hold integers"),
+    (lambda: kt.Transformer(13, 13, N=1, d_model=32, d_ff=64, num_heads=4).load_tfcore(_models(N=2)[1]),
+     "build both with the same N"),
+])
+def test_bad_input_gets_a_clear_error(build, problem):
+    with pytest.raises(ValueError) as error:
+        build()
+    assert problem in str(error.value)
