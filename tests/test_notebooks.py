@@ -165,6 +165,25 @@ def test_sync_covers_the_keras_module(tmp_path):
     assert sync_problems(path) == []
 
 
+def test_every_sanitize_rule_is_read_by_nbval():
+    import re
+
+    from nbval.plugin import get_sanitize_patterns
+
+    text = (ROOT / "tests" / "sanitize.cfg").read_text()
+    patterns = get_sanitize_patterns(text)
+    assert len(patterns) == text.count("\n[")  # a rule nbval cannot parse is dropped without a word
+
+    def sanitize(s):
+        for regex, replace in patterns:
+            s = re.sub(regex, replace, s)
+        return s
+
+    cpu = "tensor([[0.1000, 0.2000]])\ntensor([1, 2], dtype=torch.int32)"
+    gpu = "tensor([[0.1000, 0.2000]],\n       device='cuda:0')\ntensor([1, 2], device='cuda:0', dtype=torch.int32)"
+    assert sanitize(gpu) == sanitize(cpu) == cpu
+
+
 def test_colab_check_rejects_an_unguarded_install(tmp_path):
     path = _notebook(tmp_path, new_markdown_cell("# T"), _executed("!pip install tfcore", 1))
     assert len(colab_problems(path, REPO_URL)) == 3
