@@ -145,19 +145,23 @@ def _exports(package) -> dict[str, tuple[str, ast.AST]]:
 
 
 def sync_problems(path: Path, *packages) -> list[str]:
-    """A name that tfcore (or its Keras module, ``tfcore.keras_transformer``) exports and the
-    notebook defines again must be tfcore's own code, or be marked in its cell with a comment
-    '# teaching version of tfcore.NAME' (``tfcore.keras_transformer.NAME``)."""
+    """A name that tfcore exports and the notebook defines again must be tfcore's own code, or be
+    marked in its cell with a comment '# teaching version of tfcore.NAME'. In a notebook that uses
+    Keras, the names of ``tfcore.keras_transformer`` too ('# teaching version of
+    tfcore.keras_transformer.NAME')."""
+    nb = nbformat.read(path, as_version=4)
     if not packages:
         import tfcore
-        from tfcore import keras_transformer
 
-        packages = (tfcore, keras_transformer)
+        packages = (tfcore,)
+        if any("keras" in cell.source for cell in code_cells(nb)):  # chapter 9's torch DecoderLayer is not Keras'
+            from tfcore import keras_transformer
+
+            packages += (keras_transformer,)
     exported = {}
     for package in packages:
         exported |= _exports(package)
     problems = []
-    nb = nbformat.read(path, as_version=4)
     for i, cell in enumerate(code_cells(nb), 1):
         tree = ast.parse(_cell_python(cell.source))
         for node in tree.body:
