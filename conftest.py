@@ -14,6 +14,25 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 BOOK_TESTS = {"tests/test_book.py", "tests/test_browser.py"}
 
 
+def _rank(nodeid: str) -> int:
+    """The longest units first (chapter 10 trains twice, about 2.5 minutes each), then the other
+    runs of whole chapters, then everything else, so that no worker is left alone with a long unit
+    at the end while the other core idles (each worker has one thread)."""
+    if nodeid.startswith("tests/test_robustness.py::test_chapter_keeps_its_claims_under_another_seed[10_"):
+        return 0
+    if nodeid.startswith("notebooks/10_"):
+        return 1
+    if nodeid.startswith("tests/test_robustness.py::test_chapter_"):
+        return 2
+    if nodeid.startswith("notebooks/"):
+        return 3
+    return 4
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: _rank(item.nodeid))  # stable: a notebook's cells keep their order
+
+
 def pytest_xdist_make_scheduler(config, log):
     """Send what must run in one process to one worker as a unit: all cells of a notebook, which
     nbval runs in order in one kernel, and the tests of the built book. Every other test is a
@@ -27,4 +46,5 @@ def pytest_xdist_make_scheduler(config, log):
                 return path
             return "book" if path in BOOK_TESTS else nodeid
 
+    config.option.loadscopereorder = False  # keep the order above (xdist would sort by test count)
     return Scheduling(config, log)
