@@ -1,9 +1,7 @@
 # Transformer Anatomy: the two commands the README documents.
 #   make book   builds the book into _build/html (stored, nbval-verified outputs; warnings are errors)
 #   make test   runs every test: unit tests, notebook hygiene and sync, nbval on every notebook, the book build
-# Both create .venv when it is missing and install the pinned requirements and tfcore into it
-# (--no-compile: Python compiles a module when it is first imported; a full install took 86 s
-# here when it compiled every module up front, 50 s without).
+# Both create .venv when it is missing and install the pinned requirements and tfcore into it.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -21,8 +19,8 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -r requirements.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile --no-deps --no-build-isolation -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(PY) -m pip check
 	touch $(STAMP)
 
