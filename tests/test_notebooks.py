@@ -46,7 +46,32 @@ def test_notebook_opens_on_colab(path):
     assert colab_problems(path, REPO_URL) == []
 
 
+def install_cells(paths) -> dict[str, list[str]]:
+    """Each distinct Colab install cell (the first code cell), with the chapters that carry it."""
+    found: dict[str, list[str]] = {}
+    for path in paths:
+        cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        found.setdefault(cells[0].source if cells else "", []).append(path.name)
+    return found
+
+
+def test_every_install_cell_is_the_same_and_names_this_repository():
+    """A fork changes the repository URL in `_config.yml` and in one cell copied to every chapter:
+    this test then names every chapter still to change."""
+    found = install_cells(NOTEBOOKS)
+    assert len(found) == 1, "the chapters' install cells differ: " + "; ".join(
+        f"{len(names)} chapter(s) like {names[0]}" for names in found.values())
+    assert f"git+{REPO_URL}" in next(iter(found)), f"the install cell does not name {REPO_URL} (_config.yml)"
+
+
 # --- the same checks, shown to fail on broken notebooks -------------------------------------
+
+def test_install_cells_that_differ_are_told_apart(tmp_path):
+    first = _notebook(tmp_path, _executed(f'pip("git+{REPO_URL}")', 1), name="01_a.ipynb")
+    fork = _notebook(tmp_path, _executed('pip("git+https://github.com/someone/fork")', 1), name="02_b.ipynb")
+    assert len(install_cells([first, first])) == 1
+    assert len(install_cells([first, fork])) == 2
+
 
 def _notebook(tmp_path, *cells, name="broken.ipynb"):
     nb = new_notebook(cells=list(cells))

@@ -1,0 +1,141 @@
+"""Checks on the book's prose: cross-references that resolve, and chapters a reader can finish.
+
+- Every "chapter N", "chapters N and M", "§N.M", "§§N.M-N.K", "section N.M" in the markdown of the
+  notebooks and of ``book/*.md`` must name a heading that exists (``# N. Title``,
+  ``## N.M Title``, ``### N.M.K Title``). A paper's own section is cited right after the paper
+  ("Vaswani et al. (2017, §3.2.2)", "Radford et al., 2019, section 2.3", "their §3.2.1") or
+  followed by "of the paper", and is not ours to check.
+- Every markdown link to a notebook must name a file that exists, and a link whose text says
+  "chapter N" must point to chapter N's notebook.
+- A chapter's main path (its markdown outside ``{dropdown}`` boxes, code blocks left out) is at
+  most ``MAX_MAIN_PATH_WORDS`` words: deep dives fold away.
+
+By hand: ``python tests/prose_checks.py notebooks/05_*.ipynb`` prints each notebook's main-path word
+count and its broken references; with no argument, every notebook and every page of ``book/``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_MAIN_PATH_WORDS = 4500
+
+HEADING = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)\.?\s", re.M)
+_LIST = r"(\d+(?:\.\d+)*(?:\s*(?:,\s*(?:and\s+|or\s+)?|\band\b|\bor\b|\bto\b|-|–)\s*{more}\d+(?:\.\d+)*)*)"
+CHAPTER_REF = re.compile(r"\b[Cc]hapters?\s+" + _LIST.format(more=""))
+SECTION_REF = re.compile(r"(?:§§?\s*|\b[Ss]ections?\s+)" + _LIST.format(more=r"(?:§\s*)?"))
+NOTEBOOK_LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]*?(\d\d)_[\w-]+\.ipynb)(#[^)]*)?\)")
+# A paper's own section, cited right after the paper ("Vaswani et al. (2017, §3.2.2)", "Devlin et
+# al., 2019, section 5.3", "the footnote to their §3.2.1") or followed by "of the paper".
+PAPER_BEFORE = re.compile(r"(?:et al\.?,?|\b(?:19|20)\d\d[a-z]?\)?,?|\btheir|\bthe paper's)\s*$")
+PAPER_AFTER = re.compile(r"\s*(?:of (?:the|their|that) (?:paper|report|article))")
+FENCE = re.compile(r"^(`{3,}|:{3,})(.*)$")
+
+
+def notebooks() -> list[Path]:
+    return sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def markdown_of(path: Path) -> list[str]:
+    """The markdown cells of a notebook, or the whole text of a ``.md`` page, as a list."""
+    if path.suffix == ".ipynb":
+        nb = nbformat.read(path, as_version=4)
+        return [c.source for c in nb.cells if c.cell_type == "markdown"]
+    return [path.read_text()]
+
+
+def headings(paths: list[Path] | None = None) -> set[str]:
+    """Every numbered heading of the chapters: "5" for "# 5. ...", "5.6" for "## 5.6 ...", and so on."""
+    found = set()
+    for path in paths if paths is not None else notebooks():
+        for text in markdown_of(path):
+            found.update(HEADING.findall(text))
+    return found
+
+
+def _numbers(listing: str) -> list[str]:
+    """'9 and 10' -> ['9', '10']; '5.3-5.5' -> ['5.3', '5.5'] (a range's two ends)."""
+    return re.findall(r"\d+(?:\.\d+)*", listing)
+
+
+def reference_problems(text: str, known: set[str], where: str) -> list[str]:
+    """Every chapter or section reference in ``text`` whose heading is not in ``known``."""
+    problems = []
+    for pattern, kind in ((CHAPTER_REF, "chapter"), (SECTION_REF, "section")):
+        for match in pattern.finditer(text):
+            if kind == "section" and (PAPER_BEFORE.search(text[max(0, match.start() - 40):match.start()])
+                                      or PAPER_AFTER.match(text, match.end())):
+                continue
+            for number in _numbers(match.group(1)):
+                if kind == "chapter":
+                    number = number.split(".")[0]
+                if number not in known:
+                    problems.append(f"{where}: '{match.group(0).strip()}' names {kind} {number}, "
+                                    f"which has no heading")
+    for match in NOTEBOOK_LINK.finditer(text):
+        label, target, number = match.group(1), match.group(2), match.group(3)
+        if not (ROOT / "notebooks" / Path(target).name).exists():
+            problems.append(f"{where}: the link '{match.group(0)}' points to a notebook that does not exist")
+        said = re.search(r"[Cc]hapter\s+(\d+)", label)
+        if said and int(said.group(1)) != int(number):
+            problems.append(f"{where}: the link '{match.group(0)}' says chapter {said.group(1)} "
+                            f"but points to chapter {int(number)}")
+    return problems
+
+
+def without_dropdowns(text: str) -> str:
+    """``text`` with every ``{dropdown}`` block (backtick or colon fence) and every plain code block
+    removed: what a reader meets on the main path."""
+    kept, closing, skipping = [], None, False
+    for line in text.splitlines():
+        fence = FENCE.match(line.strip())
+        if closing is None and fence:
+            info = fence.group(2).strip()
+            if info.startswith("{dropdown}") or not info.startswith("{"):
+                closing, skipping = fence.group(1), True  # a deep dive, or code: not main-path prose
+            else:
+                closing, skipping = fence.group(1), False  # another directive (a note): its text counts
+            continue
+        if closing is not None and line.strip() == closing:
+            closing, skipping = None, False
+            continue
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def main_path_words(path: Path) -> int:
+    text = "\n\n".join(markdown_of(path))
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
+    return len(without_dropdowns(text).split())
+
+
+def prose_paths() -> list[Path]:
+    return notebooks() + sorted((ROOT / "book").glob("*.md"))
+
+
+def all_reference_problems(paths: list[Path] | None = None) -> list[str]:
+    known = headings()
+    problems = []
+    for path in paths if paths is not None else prose_paths():
+        for i, text in enumerate(markdown_of(path)):
+            name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+            where = f"{name}" + (f" (markdown cell {i})" if path.suffix == ".ipynb" else "")
+            problems += reference_problems(text, known, where)
+    return problems
+
+
+if __name__ == "__main__":
+    paths = [Path(p).resolve() for p in sys.argv[1:]] or prose_paths()
+    for path in paths:
+        if path.suffix == ".ipynb":
+            words = main_path_words(path)
+            flag = "" if words <= MAX_MAIN_PATH_WORDS else f"  OVER {MAX_MAIN_PATH_WORDS}"
+            print(f"{path.name}: {words} words on the main path{flag}")
+    for problem in all_reference_problems(paths):
+        print(problem)

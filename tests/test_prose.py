@@ -1,0 +1,70 @@
+"""The prose: every cross-reference names a heading that exists, and every chapter's main path is one
+a reader can finish. Each check is also run on planted problems, to show that it can fail."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+from nbformat.v4 import new_markdown_cell, new_notebook
+
+from prose_checks import (MAX_MAIN_PATH_WORDS, all_reference_problems, headings, main_path_words,
+                          notebooks, reference_problems)
+
+NOTEBOOKS = notebooks()
+
+
+def test_every_cross_reference_names_a_heading_that_exists():
+    assert all_reference_problems() == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_main_path_is_one_a_reader_can_finish(path):
+    words = main_path_words(path)
+    assert words <= MAX_MAIN_PATH_WORDS, (
+        f"{path.name} has {words} words of prose on its main path (at most {MAX_MAIN_PATH_WORDS}): "
+        f"move a deep dive into a {{dropdown}} box")
+
+
+# --- the same checks, shown to fail on planted problems -----------------------------------------
+
+KNOWN = headings()
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("As chapter 42 shows.", "chapter 42"),
+    ("Chapters 3 and 19 agree.", "chapter 19"),
+    ("See §5.99.", "section 5.99"),
+    ("§§5.3-5.17 measure it.", "section 5.17"),
+    ("Sections 2.1 and 2.9 draw it.", "section 2.9"),
+    ("[Chapter 5](04_multi_head_attention.ipynb) splits heads.", "points to chapter 4"),
+    ("[the heads](99_no_such_chapter.ipynb)", "does not exist"),
+])
+def test_a_planted_wrong_reference_is_found(text, expected):
+    problems = reference_problems(text, KNOWN, "planted")
+    assert any(expected in p for p in problems), problems
+
+
+def test_right_references_and_papers_sections_pass():
+    text = ("Chapters 2 and 3 build it, §5.6 measures it, sections 9.2 to 9.7 use it, and "
+            "[chapter 4](04_multi_head_attention.ipynb) splits it, as Vaswani et al. (2017, §3.2.2) "
+            "and Devlin et al., 2019, section 5.3 do in their papers.")
+    assert reference_problems(text, KNOWN, "right") == []
+
+
+def test_a_planted_wrong_reference_fails_the_whole_book_check(tmp_path):
+    path = tmp_path / "99_planted.ipynb"
+    nbformat.write(new_notebook(cells=[new_markdown_cell("# 99. Planted\n\nSee §7.42 and chapter 77.")]), path)
+    problems = all_reference_problems([path])
+    assert len(problems) == 2, problems
+
+
+def test_word_count_leaves_out_dropdowns_and_code(tmp_path):
+    dive = "````{dropdown} Deep dive\n" + "hidden " * 5000 + "\n```python\nx = 1\n```\n````"
+    code = "```python\n" + "code " * 100 + "\n```"
+    note = "```{note}\nfour words in note\n```"
+    path = tmp_path / "01_x.ipynb"
+    nbformat.write(new_notebook(cells=[new_markdown_cell("# Title here"), new_markdown_cell(dive),
+                                       new_markdown_cell(code), new_markdown_cell(note)]), path)
+    assert main_path_words(path) == 3 + 4
+    nbformat.write(new_notebook(cells=[new_markdown_cell("word " * (MAX_MAIN_PATH_WORDS + 1))]), path)
+    assert main_path_words(path) > MAX_MAIN_PATH_WORDS
