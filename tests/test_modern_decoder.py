@@ -60,10 +60,9 @@ def logit_gap(ours, reference, ids) -> float:
 
 
 def reference_greedy(reference, prompt, n):
-    # The attention mask says every prompt token is real: without it, generate() would mask each
-    # prompt token that equals pad_token_id.
-    return reference.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, min_new_tokens=n,
-                              do_sample=False, pad_token_id=0)
+    # No pad_token_id and no attention_mask: generate() then attends to every prompt token
+    # (test_generate_needs_no_pad_token_id). With pad_token_id=0 and no mask it would mask every 0.
+    return reference.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
 
 def cached_logits_gap(model, ids, prompt_len=3) -> float:
@@ -75,6 +74,55 @@ def cached_logits_gap(model, ids, prompt_len=3) -> float:
         steps = [model(ids[:, :prompt_len], cache=cache)]
         steps += [model(ids[:, i:i + 1], cache=cache) for i in range(prompt_len, ids.shape[1])]
     return float((torch.cat(steps, dim=1) - full).abs().max())
+
+
+@pytest.mark.parametrize("make", [gpt2, llama])
+def test_generate_needs_no_pad_token_id(make):
+    """transformers' generate (the pinned version): without pad_token_id and attention_mask it equals the
+    all-ones mask; pad_token_id=0 without a mask masks every prompt token 0 (the trap chapters 15-16 show)."""
+    reference = make()
+    prompt = torch.randint(1, 90, (3, 8), generator=torch.Generator().manual_seed(2))
+    prompt[:, 3] = 0
+    greedy = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    plain = reference.generate(prompt, **greedy)
+    assert torch.equal(plain, reference.generate(prompt, attention_mask=torch.ones_like(prompt), **greedy))
+    pad_zero = reference.generate(prompt, pad_token_id=0, **greedy)
+    assert not torch.equal(pad_zero, plain)
+    assert torch.equal(pad_zero, reference.generate(prompt, attention_mask=(prompt != 0).long(), **greedy))
+
+
+def residual_and_other_stds(named_parameters, is_residual):
+    groups = {True: [], False: []}
+    for name, p in named_parameters:
+        if p.dim() == 2:
+            groups[bool(is_residual(name))].append(p.detach().flatten())
+    return {residual: torch.cat(ps).std().item() for residual, ps in groups.items()}
+
+
+@pytest.mark.parametrize("n_layer", [1, 3, 8])
+def test_gpt_init_is_gpt2s(n_layer):
+    """tfcore.GPT draws GPT-2's initialisation: std 0.02, the residual projections (c_proj) scaled by
+    1/sqrt(2 n_layer), as transformers' GPT2LMHeadModel does. Without the scaling, this fails."""
+    sizes = dict(vocab_size=500, n_positions=64, n_embd=64, n_layer=n_layer, n_head=4, bos_token_id=None,
+                 eos_token_id=None)
+    torch.manual_seed(0)
+    theirs = residual_and_other_stds(GPT2LMHeadModel(GPT2Config(**sizes)).named_parameters(),
+                                     lambda name: name.endswith("c_proj.weight"))
+    ours_model = tfcore.GPT(tfcore.GPTConfig(vocab_size=500, max_position_embeddings=64, hidden_size=64,
+                                             num_hidden_layers=n_layer, num_attention_heads=4))
+    is_residual = lambda name: name.endswith(("output_linear.weight", "linear_2.weight"))  # noqa: E731
+    ours = residual_and_other_stds(ours_model.named_parameters(), is_residual)
+    expected = {True: 0.02 / math.sqrt(2 * n_layer), False: 0.02}
+    for stds in (theirs, ours):
+        for residual in (True, False):
+            assert abs(stds[residual] / expected[residual] - 1) < 0.06, (stds, expected)
+    # the planted bug: undo the scaling, and the residual projections no longer match GPT-2's
+    with torch.no_grad():
+        for block in ours_model.blocks:
+            block.attention.output_linear.weight.mul_(math.sqrt(2 * n_layer))
+            block.feed_forward.linear_2.weight.mul_(math.sqrt(2 * n_layer))
+    unscaled = residual_and_other_stds(ours_model.named_parameters(), is_residual)
+    assert abs(unscaled[True] / expected[True] - 1) > 0.06
 
 
 # --- the ports ------------------------------------------------------------------------------

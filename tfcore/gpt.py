@@ -82,6 +82,9 @@ class GPT(nn.Module):
     """Token and learned position embeddings, N pre-LN causal blocks, a final LayerNorm, and a
     linear layer to the vocabulary whose weight is the token embedding matrix (tied).
 
+    Initialised as GPT-2: every weight normal(0, 0.02), biases 0, LayerNorms 1 and 0, and the two
+    residual output projections of each block scaled down to std 0.02/sqrt(2N) (N blocks).
+
     ``forward(input_ids [B, L], cache=None)`` -> logits ``[B, L, vocab_size]``. With a cache
     (``model.new_cache()``), ``input_ids`` holds only the positions that follow the cached ones.
     """
@@ -100,14 +103,28 @@ class GPT(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.token_embeddings.weight
         self.apply(self._init_weights)
+        self._scale_residual_projections()
 
     @staticmethod
     def _init_weights(module):
-        """GPT-2's initialisation: normal(0, 0.02) for linear and embedding weights, zero biases."""
+        """normal(0, 0.02) for linear and embedding weights, zero biases (GPT-2's first step)."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
+
+    @torch.no_grad()
+    def _scale_residual_projections(self):
+        """GPT-2's second step (Radford et al., 2019, section 2.3): the two layers of each block that
+        write into the residual stream, attention's output projection and the feed-forward's second
+        linear layer (GPT-2's ``c_proj``), are scaled by 1/sqrt(2 x num_hidden_layers), so that their
+        std is 0.02/sqrt(2N), as in transformers' ``GPT2PreTrainedModel._init_weights``. Scaling the
+        weights already drawn keeps the random stream: later draws are the same with or without it.
+        """
+        factor = (2 * len(self.blocks)) ** -0.5
+        for block in self.blocks:
+            block.attention.output_linear.weight.mul_(factor)
+            block.feed_forward.linear_2.weight.mul_(factor)
 
     @property
     def max_positions(self) -> int:
