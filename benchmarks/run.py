@@ -19,6 +19,13 @@ What is timed, by key of results.json:
 - ``additive``: additive (Bahdanau) attention against scaled dot-product attention, one head of 64;
 - ``encoder_parts``: one encoder layer of BERT-base's and of the embedded model's sizes, batch 1,
   cut into its projections, its feed-forward, the L x L part of attention, and whole.
+- ``allocation`` (CPU, one thread, then two): why ``attention``'s path with weights steps between
+  512 and 1024 tokens. tfcore's plain attention, batch 1, 12 heads of 64, against the same
+  arithmetic written into buffers allocated once, and against allocating two fresh L x L tensors
+  and touching one float per page (the kernel maps and zeroes each page on its first touch): time
+  and minor page faults per call (``getrusage``, around the timed calls; medians), every variant
+  and length taking turns. ``machine`` records (here ``machine_allocation``) hold the CPU's caches
+  (from /sys), the page size and the C library, so a step can be held against them.
 
 Generation (chapter 15), timed with PyTorch's own harness, ``torch.utils.benchmark.Timer``, the
 implementations taking turns so that a change in the machine's load hits them alike:
@@ -30,8 +37,9 @@ implementations taking turns so that a change in the machine's load hits them al
 - ``per_token``: the cost of one new token at a given position: one cached step, against one
   full forward pass over every position so far.
 
-``--only generation,cache,per_token`` measures just those keys and writes them, with their own
-``machine`` record, into the existing results.json, leaving the other keys as they were.
+``--only generation,cache,per_token`` (or ``--only allocation``) measures just those keys and writes
+them, with their own ``machine`` record, into the existing results.json, leaving the other keys as
+they were.
 """
 
 from __future__ import annotations
@@ -39,8 +47,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -347,6 +357,81 @@ def encoder_parts(lengths, repeats, device) -> list[dict]:
     return rows
 
 
+def _page_faults() -> int:
+    """Minor page faults of this process so far: a fresh page touched for the first time is one."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def allocation(lengths, repeats, device, threads: int = 1, heads: int = 12, d: int = 64) -> list[dict]:
+    """tfcore's attention with weights (the ``attention`` row "tfcore, with weights"), the same
+    arithmetic into buffers allocated once, and the fresh memory of the plain path alone (two
+    L x L tensors, one float written per page): seconds and page faults per call, on ``threads``
+    threads.
+    Every round runs every variant at every length, so that a change in the machine's load hits
+    them all alike.
+
+    On the GPU PyTorch's caching allocator keeps freed blocks, so this is measured on the CPU only.
+    """
+    import tfcore
+
+    if device != "cpu":
+        return []
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    every_page = resource.getpagesize() // 4  # float32 numbers per page
+
+    def variants(length):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, heads, length, d) for _ in range(3))
+        scaled, output = torch.empty_like(q), torch.empty_like(q)
+        scores, weights = torch.empty(1, heads, length, length), torch.empty(1, heads, length, length)
+
+        def plain():
+            return tfcore.scaled_dot_product_attention(q, k, v)
+
+        def preallocated():  # the same operations as tfcore's plain path, each into its buffer
+            torch.div(q, math.sqrt(d), out=scaled)
+            torch.matmul(scaled, k.transpose(-2, -1), out=scores)
+            torch.softmax(scores, dim=-1, out=weights)
+            torch.matmul(weights, v, out=output)
+            return output, weights
+
+        def fresh_pages():  # what the plain path allocates, with no arithmetic: one float per page
+            a, b = torch.empty(1, heads, length, length), torch.empty(1, heads, length, length)
+            a.view(-1)[::every_page].fill_(0.0)
+            b.view(-1)[::every_page].fill_(0.0)
+            return a, b
+
+        return {"plain (tfcore, with weights)": plain, "preallocated buffers": preallocated,
+                "fresh pages only": fresh_pages}
+
+    try:
+        with torch.no_grad():
+            cases = {length: variants(length) for length in lengths}
+            same = {length: all(torch.allclose(x, y, atol=1e-5) for x, y in
+                                zip(fns["plain (tfcore, with weights)"](), fns["preallocated buffers"]()))
+                    for length, fns in cases.items()}
+            for fns in cases.values():
+                for fn in fns.values():  # warm-up: the allocator settles
+                    fn()
+            times = {(length, name): [] for length, fns in cases.items() for name in fns}
+            faults = {key: [] for key in times}
+            for _ in range(repeats):  # the faults are counted around the very calls that are timed
+                for length, fns in cases.items():
+                    for name, fn in fns.items():
+                        first_fault, start = _page_faults(), time.perf_counter()
+                        fn()
+                        times[length, name].append(time.perf_counter() - start)
+                        faults[length, name].append(_page_faults() - first_fault)
+    finally:
+        torch.set_num_threads(before)
+    return [{"what": name, "length": length, "heads": heads, "head_dim": d, "threads": threads,
+             "seconds": statistics.median(times[length, name]),
+             "page_faults": int(statistics.median(faults[length, name])),
+             "tensor_bytes": heads * length * length * 4, "page_bytes": resource.getpagesize(),
+             "same_output": same[length]} for length, name in times]
+
+
 def _status_bytes(field: str) -> int:
     line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(field + ":"))
     return int(line.split()[1]) * 1024
@@ -394,10 +479,23 @@ def memory(lengths, device) -> list[dict]:
     return rows
 
 
+def caches() -> list[dict]:
+    """The first CPU's caches, from Linux's /sys (empty elsewhere): level, type, size, shared by which CPUs."""
+    found = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        read = lambda name: (index / name).read_text().strip() if (index / name).exists() else None  # noqa: E731
+        found.append({"level": read("level"), "type": read("type"), "size": read("size"),
+                      "shared_cpu_list": read("shared_cpu_list")})
+    return found
+
+
 def machine(threads: int) -> dict:
     import transformers
 
-    return {"date": datetime.date.today().isoformat(), "platform": platform.platform(),
+    huge_pages = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    return {"caches": caches(), "page_bytes": resource.getpagesize(), "libc": " ".join(platform.libc_ver()),
+            "transparent_hugepage": huge_pages.read_text().strip() if huge_pages.exists() else None,
+            "date": datetime.date.today().isoformat(), "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
             "torch_threads": threads, "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__,
@@ -494,6 +592,8 @@ def main() -> None:
         "generation": lambda device: generation(models, prompt, new_tokens, 2 if args.smoke else 7, device),
         "cache": lambda device: cache_speedup(models[smallest], smallest, prompt, total, 2 if args.smoke else 3, device),
         "per_token": lambda device: per_token(models, token_positions, 3 if args.smoke else 15, device),
+        "allocation": lambda device: [row for threads in ([1] if args.smoke else [1, 2]) for row in allocation(
+            [16, 32] if args.smoke else [256, 512, 1024, 2048], 2 if args.smoke else 25, device, threads)],
     }
     keys = list(measures) if not args.only else args.only.split(",")
     unknown = set(keys) - set(measures)

@@ -15,6 +15,7 @@ ATTENTION_CASES = {"tfcore, no weights", "tfcore, with weights", "torch sdpa", "
 
 LAYER_CASES = {"self-attention", "LSTM", "Conv1d, kernel 3"}
 ENCODER_PARTS = {"projections", "feed-forward", "attention, L x L part", "whole layer"}
+ALLOCATION_CASES = {"plain (tfcore, with weights)", "preallocated buffers", "fresh pages only"}
 
 
 def test_smoke_run_writes_results_and_plot(tmp_path):
@@ -22,7 +23,8 @@ def test_smoke_run_writes_results_and_plot(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert {"date", "torch", "transformers", "torch_threads", "platform"} <= set(results["machine"])
+    assert {"date", "torch", "transformers", "torch_threads", "platform", "caches", "page_bytes", "libc"} <= set(results["machine"])
+    assert all({"level", "type", "size"} <= set(cache) for cache in results["machine"]["caches"])
     assert {r["what"] for r in results["attention"]} == ATTENTION_CASES
     assert all(r["seconds"] > 0 for r in results["attention"] + results["encoder"])
     assert {r["what"] for r in results["encoder"]} == {"tfcore encoder", "BertModel (eager)", "BertModel (sdpa)"}
@@ -37,6 +39,8 @@ def test_smoke_run_writes_results_and_plot(tmp_path):
     assert all(r["same_tokens"] for r in results["generation"])  # same weights, same greedy tokens
     assert {r["what"] for r in results["cache"]} == {r["what"] for r in results["per_token"]} == {"with cache", "without cache"}
     assert all(r["seconds"] > 0 for r in results["generation"] + results["cache"] + results["per_token"])
+    assert {r["what"] for r in results["allocation"]} == ALLOCATION_CASES
+    assert all(r["same_output"] and r["seconds"] > 0 and r["threads"] == 1 for r in results["allocation"])
 
 
 def _seconds(rows, what, **where):
@@ -75,6 +79,19 @@ def test_committed_run_has_the_rows_chapter_13_reads(committed):
     parts = {(r["model"], r["what"], r["length"]) for r in committed["encoder_parts"] if r["device"] == "cpu"}
     assert {length for _, _, length in parts} >= {512, 1024, 2048, 4096}
     assert len(parts) == 2 * len(ENCODER_PARTS) * len({length for _, _, length in parts})
+
+
+def test_committed_allocation_rows_chapter_13_reads(committed):
+    """Chapter 13's test of the step: the same arithmetic into preallocated buffers, and page faults."""
+    rows = {(r["what"], r["length"], r["threads"]): r for r in committed["allocation"] if r["device"] == "cpu"}
+    assert set(rows) == {(what, n, t) for what in ALLOCATION_CASES for n in (256, 512, 1024, 2048) for t in (1, 2)}
+    assert committed["machine_allocation"]["caches"]
+    assert all(r["same_output"] for r in rows.values())
+    for n in (1024, 2048):  # above glibc's 32 MiB ceiling: two fresh tensors per plain call, none preallocated
+        for t in (1, 2):
+            plain = rows["plain (tfcore, with weights)", n, t]
+            assert 0.95 <= plain["page_faults"] / (2 * plain["tensor_bytes"] / plain["page_bytes"]) <= 1.05
+            assert rows["preallocated buffers", n, t]["page_faults"] == 0
 
 
 @pytest.mark.parametrize("model", ["1M", "20M"])
