@@ -2,7 +2,11 @@
 
     .venv/bin/python benchmarks/run.py                 # full run (about ten minutes on 2 CPU cores)
     .venv/bin/python benchmarks/run.py --smoke         # seconds: tiny sizes, for the test suite
-    .venv/bin/python benchmarks/run.py --out DIR       # where results.json and results.png go
+    .venv/bin/python benchmarks/run.py --out DIR       # write results.json and results.png into DIR
+
+The committed results live in ``tfcore/data/benchmark_results.json`` (so that they ship with tfcore
+and read the same on Colab: ``tfcore.load_benchmark_results()``), the plot in
+``benchmarks/results.png``; ``--out DIR`` writes both into DIR instead.
 
 Every timing is the median of several repeats after warm-up, with ``torch.no_grad()`` and a
 fixed thread count. Memory is measured in a fresh subprocess per point: after a warm-up pass,
@@ -63,6 +67,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HERE = Path(__file__).resolve().parent
+RESULTS = HERE.parent / "tfcore" / "data" / "benchmark_results.json"  # the committed run
 
 
 class PerHeadAttention(nn.Module):
@@ -558,7 +563,8 @@ def plot(results: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes and repeats, for the tests")
-    parser.add_argument("--out", type=Path, default=HERE, help="folder for results.json and results.png")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for results.json and results.png (default: the committed files)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", help="comma-separated keys to measure, merged into the existing results.json")
     parser.add_argument("--memory-point", nargs=3, metavar=("KIND", "LENGTH", "DEVICE"), help=argparse.SUPPRESS)
@@ -599,8 +605,10 @@ def main() -> None:
     unknown = set(keys) - set(measures)
     if unknown:
         parser.error(f"unknown keys {sorted(unknown)}; choose from {sorted(measures)}")
+    json_path, png_path = (RESULTS, HERE / "results.png") if args.out is None else (
+        args.out / "results.json", args.out / "results.png")
     if args.only:
-        results = json.loads((args.out / "results.json").read_text())
+        results = json.loads(json_path.read_text())
         for key in keys:
             results[key] = []
             results[f"machine_{key}"] = machine(args.threads)
@@ -609,10 +617,10 @@ def main() -> None:
     for device in devices:
         for key in keys:
             results[key] += [r | {"device": device} for r in measures[key](device)]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    plot(results, args.out / "results.png")
-    print(f"wrote {args.out / 'results.json'} and {args.out / 'results.png'}")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=1) + "\n")
+    plot(results, png_path)
+    print(f"wrote {json_path} and {png_path}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import pytest
 
 from notebook_checks import ROOT
 
-RESULTS = ROOT / "benchmarks" / "results.json"
+RESULTS = ROOT / "tfcore" / "data" / "benchmark_results.json"
 ATTENTION_CASES = {"tfcore, no weights", "tfcore, with weights", "torch sdpa", "torch sdpa, math backend",
                    "module: per-head (chapter 4)", "module: tfcore fused", "module: tfcore fused, with weights",
                    "module: torch MultiheadAttention"}

@@ -3,7 +3,8 @@
 Each module holds one idea. The notebooks write the code in front of the reader; this package
 keeps the version later chapters import, and a test keeps the two in agreement.
 
-- ``runtime``: ``setup`` (seeds, quiet libraries, device; ``$TFCORE_SEED`` shifts every seed)
+- ``runtime``: ``setup`` (seeds, quiet libraries, device; ``$TFCORE_SEED`` shifts every seed through
+  ``shifted``), and ``load_benchmark_results``, the committed benchmark run
 - ``claims``: ``check``, the book's claims asserted under the code that proves them
 - ``checkpoint``: the pretrained checkpoint, offline by default (chapter 1)
 - ``attention``: scaled dot-product attention, masks, heads (chapters 2-4)
@@ -34,7 +35,7 @@ from .heads import TransformerForSequenceClassification
 from .layers import FeedForward, TransformerEncoderLayer
 from .llama import (GroupedQueryAttention, Llama, LlamaConfig, RMSNorm, SwiGLU, apply_rotary, rotary_cos_sin,
                     rotary_frequencies, rotate_half)
-from .runtime import setup
+from .runtime import load_benchmark_results, setup, shifted
 from .training import (accuracy, digit_reversal, label_smoothed_nll, load_book_prose, load_word_senses, lr_factor,
                        train_classifier, train_seq2seq)
 
@@ -72,6 +73,7 @@ __all__ = [
     "is_embedded",
     "label_smoothed_nll",
     "length_penalty",
+    "load_benchmark_results",
     "load_book_prose",
     "load_config",
     "load_pretrained",
@@ -87,6 +89,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "sequence_log_prob",
     "setup",
+    "shifted",
     "sinusoidal_positions",
     "train_classifier",
     "train_seq2seq",

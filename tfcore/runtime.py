@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
 
 
 SEED_ENV_VAR = "TFCORE_SEED"
+BENCHMARK_RESULTS = Path(__file__).parent / "data" / "benchmark_results.json"
 
 
 def shifted(seed: int) -> int:
@@ -60,3 +63,13 @@ def setup(seed: int = 0) -> torch.device:
     torch.set_printoptions(precision=4, sci_mode=False)
 
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_benchmark_results() -> dict:
+    """The committed benchmark run that chapters 4, 13 and 15 read (``benchmarks/run.py`` writes it).
+
+    It ships inside tfcore, so a chapter reads the same file on a clone, an installed package or
+    Colab, with no network. Keys: ``machine`` (and ``machine_<key>`` for keys re-measured alone),
+    then one list of rows per measurement (``attention``, ``memory``, ``allocation``, ...).
+    """
+    return json.loads(BENCHMARK_RESULTS.read_text())
