@@ -3,7 +3,9 @@
 Import it as ``from tfcore import keras_transformer``; ``import tfcore`` alone does not import
 Keras. Unless the reader chose a backend before, ``KERAS_BACKEND`` is set to ``torch`` here,
 before Keras is first imported: the layers then run on PyTorch tensors, with no TensorFlow
-install. Everything below goes through ``keras.ops``, so the same code runs on TensorFlow or JAX.
+install. Everything below goes through ``keras.ops``, never ``torch``: ``tests/test_keras.py`` runs
+the same model on the JAX backend too (eagerly and compiled with ``jax.jit``) and finds the same
+outputs. The TensorFlow backend is not tested here.
 
 Shapes: ``B`` batch, ``Lq``/``Lk`` queries/keys, ``Ls``/``Lt`` source/target positions. Keras
 keeps a layer's weight as ``[inputs, outputs]``, the transpose of ``nn.Linear.weight``
@@ -268,6 +270,19 @@ def _sinusoids(max_len: int, d_model: int) -> np.ndarray:
     return table
 
 
+def _values_known(x) -> bool:
+    """Whether ``x``'s values exist now. They do not while a backend traces the call into a graph
+    (Keras' symbolic build, ``jax.jit``, ``model.predict`` on JAX): then only the shape and dtype
+    exist, and a check of the values (``int(ops.min(x))``) would fail. Such checks run eagerly only."""
+    if isinstance(x, keras.KerasTensor):
+        return False
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return not isinstance(x, jax.core.Tracer)
+    return True
+
+
 class PositionalEmbedding(keras.layers.Layer):
     """Token embeddings times √d_model plus the fixed sinusoids, then dropout: ``[B, L]`` ids -> ``[B, L, d_model]``.
 
@@ -297,8 +312,7 @@ class PositionalEmbedding(keras.layers.Layer):
         if length is not None and length > self.max_len:
             raise ValueError(f"a sequence of {length} tokens is longer than the {self.max_len} positions "
                              f"(max_len) this embedding has; shorten it or build with a larger max_len")
-        if not isinstance(ids, keras.KerasTensor) and ops.size(ids) and (
-                int(ops.min(ids)) < 0 or int(ops.max(ids)) >= self.vocab_size):
+        if _values_known(ids) and ops.size(ids) and (int(ops.min(ids)) < 0 or int(ops.max(ids)) >= self.vocab_size):
             raise ValueError(f"token ids must be in [0, {self.vocab_size}) (vocab_size), got ids from "
                              f"{int(ops.min(ids))} to {int(ops.max(ids))}")
         x = self.token_embeddings(ids) * math.sqrt(self.d_model) + self.positions[:length]
