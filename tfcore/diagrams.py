@@ -208,9 +208,11 @@ def heads_diagram(batch: int, length: int, hidden: int, heads: int, tokens=None)
         raise ValueError(f"tokens must name the {length} positions, got {len(tokens)} names")
     head_dim, rows = hidden // heads, min(length, 6)
     names = [str(t) for t in tokens[:rows]] if tokens is not None else [f"token {i}" for i in range(rows)]
-    fig, ax = _canvas(18.3, 10.9)
-    pic_w, row_h = 5.6, 0.2
+    # narrow enough to be read at a book's text column (about 760 px): each label on two lines
+    pic_w, row_h = 4.2, 0.24
     pic_h = rows * row_h
+    step = pic_h + 2.1  # from one picture's top to the next: two-line label, head numbers, arrow
+    fig, ax = _canvas(14.0, 2.0 + 3 * step + 1.6)
 
     def rows_picture(x0, top, *, sliced, gap=0.0, mixed=False, stage):
         """L rows of ``hidden`` numbers; ``sliced``: coloured per head, ``gap``: split into cells."""
@@ -249,51 +251,51 @@ def heads_diagram(batch: int, length: int, hidden: int, heads: int, tokens=None)
             ax.text(x, top + 0.05, str(i), ha="center", va="bottom", fontsize=SMALL, gid=f"head:{i}")
 
     def label(x0, top, text, role):
-        ax.text(x0, top + 0.36, text, ha="left", va="bottom", fontsize=FONT, gid=role)
+        ax.text(x0, top + 0.33, text, ha="left", va="bottom", fontsize=FONT, gid=role)
 
-    xl, xr = 1.5, 12.0
-    tops = [9.65, 7.0, 4.35, 1.7]
+    xl, xr = 1.0, 8.6
+    tops = [2.0 + k * step for k in (3, 2, 1, 0)]
     # down the left: the split
-    label(xl, tops[0], f"x: {_shape('B', 'L', 'hidden')} = {_shape(batch, length, hidden)}", "tensor:x")
+    label(xl, tops[0], f"x: {_shape('B', 'L', 'hidden')}\n= {_shape(batch, length, hidden)}", "tensor:x")
     rows_picture(xl, tops[0], sliced=False, stage="x")
-    label(xl, tops[1], f"q = query(x): {_shape('B', 'L', 'hidden')} = {_shape(batch, length, hidden)}, "
+    label(xl, tops[1], f"q = query(x): {_shape('B', 'L', 'hidden')}\n= {_shape(batch, length, hidden)}, "
           f"{heads} slices of {head_dim}", "tensor:q")
     rows_picture(xl, tops[1], sliced=True, stage="q")
     for i in range(heads):
         head_number(xl + (i + 0.5) * pic_w / heads, tops[1], i)
-    label(xl, tops[2], f".view(B, L, h, dh): {_shape('B', 'L', 'h', 'dh')} = {_shape(batch, length, heads, head_dim)}",
+    label(xl, tops[2], f".view(B, L, h, dh): {_shape('B', 'L', 'h', 'dh')}\n= {_shape(batch, length, heads, head_dim)}",
           "tensor:view")
     rows_picture(xl, tops[2], sliced=True, gap=0.09, stage="view")
-    label(xl, tops[3], f".transpose(1, 2): {_shape('B', 'h', 'L', 'dh')} = {_shape(batch, heads, length, head_dim)}",
+    label(xl, tops[3], f".transpose(1, 2): {_shape('B', 'h', 'L', 'dh')}\n= {_shape(batch, heads, length, head_dim)}",
           "tensor:heads")
     blocks_picture(xl, tops[3], stage="heads")
-    for a, b, text in [(0, 1, f"query: Linear({hidden}, {hidden}); key and value alike"),
-                       (1, 2, f"the same numbers, the last axis read as {heads} × {head_dim}"),
-                       (2, 3, "each head's slices of every token gathered in one block")]:
-        _arrow(ax, (xl + pic_w / 2, tops[a] - pic_h - 0.1), (xl + pic_w / 2, tops[b] + 0.75), text,
+    for a, b, text in [(0, 1, f"query: Linear({hidden}, {hidden});\nkey and value alike"),
+                       (1, 2, f"the same numbers, the last\naxis read as {heads} × {head_dim}"),
+                       (2, 3, "each head's slices of every\ntoken gathered in one block")]:
+        _arrow(ax, (xl + pic_w / 2, tops[a] - pic_h - 0.1), (xl + pic_w / 2, tops[b] + 0.95), text,
                where="right", role="op")
     # across the bottom: attention, every head on its own
     _arrow(ax, (xl + pic_w + 0.2, tops[3] - pic_h / 2), (xr - 0.2, tops[3] - pic_h / 2),
-           f"attention in each head at once:\nsoftmax(q kᵀ / √{head_dim}) v,\nweights {_shape(batch, heads, length, length)}",
+           f"attention in\neach head at once:\nsoftmax(q kᵀ / √{head_dim}) v,\nweights {_shape(batch, heads, length, length)}",
            where="below", role="op:attention")
     # up the right: the way back
-    label(xr, tops[3], f"context: {_shape('B', 'h', 'L', 'dh')} = {_shape(batch, heads, length, head_dim)}",
+    label(xr, tops[3], f"context: {_shape('B', 'h', 'L', 'dh')}\n= {_shape(batch, heads, length, head_dim)}",
           "tensor:context")
     blocks_picture(xr, tops[3], stage="context", hatch="///")
-    label(xr, tops[2], f".transpose(1, 2): {_shape('B', 'L', 'h', 'dh')} = {_shape(batch, length, heads, head_dim)}",
+    label(xr, tops[2], f".transpose(1, 2): {_shape('B', 'L', 'h', 'dh')}\n= {_shape(batch, length, heads, head_dim)}",
           "tensor:back")
     rows_picture(xr, tops[2], sliced=True, gap=0.09, stage="back")
-    label(xr, tops[1], f".reshape(B, L, hidden): {_shape(batch, length, hidden)}, heads side by side",
+    label(xr, tops[1], f".reshape(B, L, hidden): {_shape(batch, length, hidden)},\nheads side by side",
           "tensor:concat")
     rows_picture(xr, tops[1], sliced=True, stage="concat")
-    label(xr, tops[0], f"output: {_shape('B', 'L', 'hidden')} = {_shape(batch, length, hidden)}", "tensor:output")
+    label(xr, tops[0], f"output: {_shape('B', 'L', 'hidden')}\n= {_shape(batch, length, hidden)}", "tensor:output")
     rows_picture(xr, tops[0], sliced=False, mixed=True, stage="output")
-    for a, b, text in [(3, 2, "every token's slices back in one row"),
-                       (2, 1, "the h × dh numbers read as one axis again\n(reshape copies them; view would refuse)"),
-                       (1, 0, f"output_linear: Linear({hidden}, {hidden})\nmixes the heads")]:
-        _arrow(ax, (xr + pic_w / 2, tops[a] + 0.75), (xr + pic_w / 2, tops[b] - pic_h - 0.1), text,
+    for a, b, text in [(3, 2, "every token's slices\nback in one row"),
+                       (2, 1, "the h × dh numbers read\nas one axis again\n(reshape copies them;\nview would refuse)"),
+                       (1, 0, f"output_linear:\nLinear({hidden}, {hidden})\nmixes the heads")]:
+        _arrow(ax, (xr + pic_w / 2, tops[a] + 0.95), (xr + pic_w / 2, tops[b] - pic_h - 0.1), text,
                where="right", role="op")
-    ax.text(9.15, 10.65, f"Multi-head attention, fused: {heads} heads of {head_dim} numbers "
+    ax.text(7.0, tops[0] + 1.25, f"Multi-head attention, fused: {heads} heads of {head_dim} numbers "
             f"(first batch item{'' if rows == length else f', first {rows} of {length} tokens'})",
             ha="center", va="center", fontsize=FONT + 1, gid="title")
     return fig
@@ -316,12 +318,13 @@ def _check_layer_args(kind, norm_first):
         raise ValueError(f"norm_first must be True (pre-LN) or False (post-LN), got {norm_first!r}")
 
 
-def _draw_layer(ax, x, y, kind, norm_first, *, names=True, stack=True):
+def _draw_layer(ax, x, y, kind, norm_first, *, names=True, stack=True, small=SMALL):
     """Draw one layer upwards from (x, y), the top of its input; return a dict of anchor points.
 
     ``names``: the module attributes of tfcore's layer under each box (tfcore's decoder layer is
     pre-LN only, so a post-LN decoder gets none). ``stack``: a dashed frame, "× N", and, for
-    pre-LN, the final LayerNorm that the stack applies once after its N layers.
+    pre-LN, the final LayerNorm that the stack applies once after its N layers. ``small``: the
+    notes' font size (points).
     """
     names = names and (kind == "encoder" or norm_first)
     sublayers = _SUBLAYERS[kind] + [("feed-forward", "feed_forward", "feed_forward")]
@@ -358,14 +361,14 @@ def _draw_layer(ax, x, y, kind, norm_first, *, names=True, stack=True):
         sub = box(text, "sublayer", COLOURS[colour], attribute)
         if attribute == "cross_attention":
             anchors["cross"] = sub.left
-            ax.text(x - 0.08, sub.bottom[1] - 0.04, "queries", ha="right", va="top", fontsize=SMALL, gid="note")
+            ax.text(x - 0.08, sub.bottom[1] - 0.04, "queries", ha="right", va="top", fontsize=small, gid="note")
         add_y = add(branch_y)
         if not norm_first:
             b = box(*norm)
             ax.add_patch(Rectangle((x - _BOX_W / 2 - 0.12, add_y - 0.28), _BOX_W + 0.24, b.top[1] - add_y + 0.36,
                                    facecolor="#ececec", edgecolor="none", zorder=-1))
             ax.text(x - _BOX_W / 2 - 0.2, (add_y + b.y) / 2, "Add &\nNorm", ha="right", va="center",
-                    fontsize=SMALL, gid="add-norm")
+                    fontsize=small, gid="add-norm")
     if stack:
         ax.add_patch(Rectangle((x - _BOX_W / 2 - 0.3, first - 0.1), _BOX_W + 1.05, cursor - first + 0.45,
                                fill=False, edgecolor="gray", linestyle="--"))
@@ -374,7 +377,7 @@ def _draw_layer(ax, x, y, kind, norm_first, *, names=True, stack=True):
         cursor += 0.35
         if norm_first:
             b = box("final LayerNorm", "final-norm", COLOURS["norm"], None)
-            ax.text(b.left[0] - 0.1, b.y, "once, after\nthe N layers", ha="right", va="center", fontsize=SMALL,
+            ax.text(b.left[0] - 0.1, b.y, "once, after\nthe N layers", ha="right", va="center", fontsize=small,
                     color="dimgray", gid="note")
     anchors["top"] = (x, cursor)
     return anchors
@@ -446,15 +449,16 @@ def encoder_decoder_diagram(source, target, next_tokens=None) -> Diagram:
         emb = _box(ax, x, 1.15, _BOX_W + 0.4, 0.75, "embedding × √d_model\n+ sinusoidal positions", "embedding",
                    COLOURS["embedding"])
         _arrow(ax, (x, 0.5), emb.bottom)
-    enc = _draw_layer(ax, enc_x, 1.525, "encoder", True, names=False)
-    dec = _draw_layer(ax, dec_x, 1.525, "decoder", True, names=False)
+    note = SMALL + 1  # a wide drawing, read at a book's text column (about 760 px): larger notes
+    enc = _draw_layer(ax, enc_x, 1.525, "encoder", True, names=False, small=note)
+    dec = _draw_layer(ax, dec_x, 1.525, "decoder", True, names=False, small=note)
     memory = _box(ax, enc_x, enc["top"][1] + 0.75, 2.6, 0.6, f"memory  {_shape('B', len(source), 'd')}",
                   "tensor:memory", COLOURS["memory"])
     _arrow(ax, enc["top"], memory.bottom)
     cx, cy = dec["cross"]
     _arrow(ax, memory.right, (cx, cy), colour="#cc0000", rad=0.15)
     ax.text((memory.right[0] + cx) / 2 + 0.2, (memory.y + cy) / 2 + 0.25, "keys and values\nof every\n"
-            "cross-attention", ha="left", va="center", fontsize=SMALL, color="#cc0000", gid="note")
+            "cross-attention", ha="left", va="center", fontsize=note, color="#cc0000", gid="note")
     gen = _box(ax, dec_x, dec["top"][1] + 0.7, _BOX_W, 0.7, "generator:\nLinear + log-softmax", "generator",
                COLOURS["embedding"])
     _arrow(ax, dec["top"], gen.bottom)
@@ -466,7 +470,7 @@ def encoder_decoder_diagram(source, target, next_tokens=None) -> Diagram:
     _arrow(ax, gen.top, (dec_x, gen.top[1] + 0.2))
     _arrow(ax, (dec_x + 2.3, out_y), (dec_x + 2.6, 0.45), dashed=True, colour="gray", rad=-0.2)
     ax.text(dec_x + 4.6, out_y / 2, "append the chosen token, run again", ha="center", va="center",
-            fontsize=SMALL, color="gray", rotation=90, gid="note")
+            fontsize=note, color="gray", rotation=90, gid="note")
     height = out_y + 0.9
     ax.text(width / 2, height - 0.3, "The encoder-decoder, pre-LN: each sublayer reads a LayerNorm of the "
             "stream and adds its output back (+)", ha="center", va="center", fontsize=FONT + 1, gid="title")
