@@ -1,6 +1,7 @@
 """Training loops (chapters 8, 10 and 11) and the book's small data sets.
 
-The classifier loop of chapter 8: AdamW, cross-entropy, one line per epoch.
+The classifier loop of chapter 8: AdamW, cross-entropy, one line per epoch; frozen sub-modules stay
+in eval mode while the rest trains (``train_mode``).
 
 Data are tuples of tensors ``(*inputs, labels)`` with the examples along the first axis, for
 example ``(input_ids [N, L], attention_mask [N, L], labels [N])`` for a whole classifier, or
@@ -68,8 +69,26 @@ def accuracy(model, *data, batch_size: int = 64) -> float:
     return correct / len(labels)
 
 
+def train_mode(model, frozen_in_eval: bool = True):
+    """``model.train()``, except that every sub-module whose parameters are all frozen stays in eval mode.
+
+    A sub-module counts as frozen when it has parameters and none of them requires a gradient
+    (``requires_grad_(False)``); it goes to eval mode with everything inside it, its dropout
+    included. So a frozen encoder computes in training exactly what it computes at inference,
+    while the dropout of the trainable head stays on. ``frozen_in_eval=False`` is plain
+    ``model.train()``, PyTorch's behaviour: dropout on everywhere, frozen or not.
+    """
+    model.train()
+    if frozen_in_eval:
+        for module in model.modules():
+            parameters = list(module.parameters())
+            if parameters and not any(p.requires_grad for p in parameters):
+                module.eval()
+    return model
+
+
 def train_classifier(model, train, validation, epochs: int, lr: float, batch_size: int = 32,
-                     seed: int = 0, log=print) -> dict:
+                     seed: int = 0, log=print, frozen_in_eval: bool = True) -> dict:
     """Train the parameters of ``model`` that require gradients; return the history.
 
     ``train`` and ``validation`` are ``(*inputs, labels)``. After each epoch it logs the mean
@@ -78,13 +97,23 @@ def train_classifier(model, train, validation, epochs: int, lr: float, batch_siz
     ``[this run: ...]``, which the book's nbval settings do not compare. The test set is not
     seen here: score it once, after training. The order of the batches is seeded
     (``shifted(seed)``: ``$TFCORE_SEED`` moves it).
+
+    During training the model is in training mode (dropout on), except its frozen sub-modules
+    (all parameters ``requires_grad=False``, e.g. a frozen encoder), which stay in eval mode
+    (``train_mode``): a head trained on features computed once by the frozen encoder in eval
+    mode is then the same model as this one (chapter 8). ``frozen_in_eval=False`` switches
+    dropout on in the frozen parts too.
     """
     *inputs, labels = train
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise ValueError("no parameter of the model requires a gradient, so there is nothing to train. "
+                         "Fix: unfreeze the part to train, e.g. model.classifier.requires_grad_(True)")
+    optimizer = torch.optim.AdamW(trainable, lr=lr)
     order = torch.Generator().manual_seed(shifted(seed))
     history = {"loss": [], "train_accuracy": [], "validation_accuracy": []}
     for epoch in range(1, epochs + 1):
-        model.train()
+        train_mode(model, frozen_in_eval)
         losses = []
         for batch in torch.randperm(len(labels), generator=order).split(batch_size):
             batch = batch.to(labels.device)
