@@ -236,8 +236,7 @@ def test_sizes_fonts_and_determinism():
 
 
 @pytest.mark.parametrize("draw", [
-    pytest.param(lambda: diagrams.attention_diagram(1, 5, 5, 384, 384), id="attention", marks=pytest.mark.xfail(
-        strict=True, reason="chapter 2's diagram: 8 px at the column; widening its type changes chapter 2")),
+    pytest.param(lambda: diagrams.attention_diagram(1, 5, 5, 384, 384), id="attention"),
     pytest.param(lambda: diagrams.heads_diagram(1, 5, 768, 12), id="heads"),
     pytest.param(lambda: diagrams.layer_diagram("encoder", (True, False)), id="encoder-layers"),
     pytest.param(lambda: diagrams.layer_diagram("decoder", (True, False)), id="decoder-layers"),

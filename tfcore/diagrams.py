@@ -149,27 +149,29 @@ def attention_diagram(batch: int, len_q: int, len_k: int, d_k: int, d_v: int) ->
     divides the queries instead of the scores: the same numbers, for fewer divisions.)
     """
     _positive_ints(batch=batch, len_q=len_q, len_k=len_k, d_k=d_k, d_v=d_v)
-    fig, ax = _canvas(18.3, 8.8)
-    w, h = 2.7, 1.15
+    # narrow enough to be read at a book's text column (about 760 px): the columns close together,
+    # the long labels on two lines
+    fig, ax = _canvas(14.6, 8.8)
+    w, h = 2.4, 1.15
 
     def tensor(x, y, title, symbols, sizes, role):
         return _box(ax, x, y, w, h, f"{title}\n{_shape(*symbols)}\n{_shape(*sizes)}", role, COLOURS["tensor"])
 
-    q = tensor(1.5, 6.9, "Q (queries)", ("B", "Lq", "dk"), (batch, len_q, d_k), "tensor:Q")
-    k = tensor(1.5, 4.4, "K (keys)", ("B", "Lk", "dk"), (batch, len_k, d_k), "tensor:K")
-    v = tensor(1.5, 1.0, "V (values)", ("B", "Lk", "dv"), (batch, len_k, d_v), "tensor:V")
-    kt = tensor(6.0, 4.4, "Kᵀ", ("B", "dk", "Lk"), (batch, d_k, len_k), "tensor:K^T")
-    scores = tensor(9.9, 6.9, "scores", ("B", "Lq", "Lk"), (batch, len_q, len_k), "tensor:scores")
-    scaled = tensor(15.0, 6.9, "scaled scores", ("B", "Lq", "Lk"), (batch, len_q, len_k), "tensor:scaled")
-    weights = tensor(15.0, 3.3, "weights", ("B", "Lq", "Lk"), (batch, len_q, len_k), "tensor:weights")
-    output = tensor(15.0, 1.0, "output", ("B", "Lq", "dv"), (batch, len_q, d_v), "tensor:output")
+    q = tensor(1.3, 6.9, "Q (queries)", ("B", "Lq", "dk"), (batch, len_q, d_k), "tensor:Q")
+    k = tensor(1.3, 4.4, "K (keys)", ("B", "Lk", "dk"), (batch, len_k, d_k), "tensor:K")
+    v = tensor(1.3, 1.0, "V (values)", ("B", "Lk", "dv"), (batch, len_k, d_v), "tensor:V")
+    kt = tensor(5.6, 4.4, "Kᵀ", ("B", "dk", "Lk"), (batch, d_k, len_k), "tensor:K^T")
+    scores = tensor(8.6, 6.9, "scores", ("B", "Lq", "Lk"), (batch, len_q, len_k), "tensor:scores")
+    scaled = tensor(12.6, 6.9, "scaled scores", ("B", "Lq", "Lk"), (batch, len_q, len_k), "tensor:scaled")
+    weights = tensor(12.6, 3.3, "weights", ("B", "Lq", "Lk"), (batch, len_q, len_k), "tensor:weights")
+    output = tensor(12.6, 1.0, "output", ("B", "Lq", "dv"), (batch, len_q, d_v), "tensor:output")
 
     _arrow(ax, k.right, kt.left, "transpose(1, 2)", where="above", role="op:transpose")
     _arrow(ax, q.right, scores.left, "bmm(Q, Kᵀ): the dot product\nof every query with every key",
            where="above", role="op:bmm")
     _arrow(ax, kt.right, (scores.left[0], scores.y - 0.35))
-    _arrow(ax, scores.right, scaled.left, f"÷ √dk = ÷ √{d_k}", where="above", role="op:scale")
-    mask = _box(ax, 9.9, 5.15, 3.3, 1.0, f"mask {_shape('B', 'Lq', 'Lk')}\n(optional, chapter 3):\n"
+    _arrow(ax, scores.right, scaled.left, f"÷ √dk\n= ÷ √{d_k}", where="above", role="op:scale")
+    mask = _box(ax, 9.3, 5.15, 3.3, 1.0, f"mask {_shape('B', 'Lq', 'Lk')}\n(optional, chapter 3):\n"
                 "blocked scores → -∞", "mask", COLOURS["mask"], dashed=True)
     _arrow(ax, mask.right, (scaled.x - 0.04, mask.y), dashed=True, colour="dimgray")
     _arrow(ax, scaled.bottom, weights.top, "softmax(dim=-1):\neach row of Lk\nweights sums to 1",
@@ -177,7 +179,7 @@ def attention_diagram(batch: int, len_q: int, len_k: int, d_k: int, d_v: int) ->
     _arrow(ax, weights.bottom, output.top, "bmm(weights, V)", where="right", role="op:bmm")
     _arrow(ax, v.right, output.left, "V: one value per key; each output row is a weighted average of them",
            where="above", role="op:values")
-    ax.text(9.15, 8.45, f"Scaled dot-product attention, softmax(QKᵀ / √dk) V, with B = {batch}, "
+    ax.text(7.3, 8.45, f"Scaled dot-product attention, softmax(QKᵀ / √dk) V,\nwith B = {batch}, "
             f"Lq = {len_q}, Lk = {len_k}, dk = {d_k}, dv = {d_v}", ha="center", va="center",
             fontsize=FONT + 1, gid="title")
     return fig
