@@ -5,8 +5,7 @@ sentences (15 per label) are scored once, after training. Thresholds, on the tes
 - chance is 1/6; reading only which word the sentence contains gives 0.50 (two senses per word);
 - the frozen pretrained encoder + trained head reaches about 0.96 with these seeds: we require
   >= 0.90, which leaves room for 5 more mistakes on another CPU;
-- an encoder of the checkpoint's sizes trained from scratch reaches about 0.65-0.69 (it partly
-  memorises its training sentences):
+- a small encoder trained from scratch reaches about 0.65 (it memorises its training sentences):
   we require it to beat chance (> 0.30, so training did something) and to lose to the pretrained
   one by at least 0.15 (14 sentences), the "clear win" that motivates pretraining.
 
@@ -66,8 +65,10 @@ def pretrained_accuracy(data):
 @pytest.fixture(scope="module")
 def scratch_accuracy(data):
     tfcore.setup(seed=0)
-    config = tfcore.load_config()  # the checkpoint's sizes (chapter 8's model A), random weights, pre-LN
-    config.num_labels = 6
+    # A small encoder: chapter 8 trains model A at the checkpoint's sizes (under two seeds in the
+    # suite); this unit test checks the same claim on a model that trains in seconds.
+    config = BertConfig(vocab_size=30522, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=512, max_position_embeddings=64, num_labels=6)
     model = tfcore.TransformerForSequenceClassification(config)
     tfcore.train_classifier(model, data["train"], data["validation"], epochs=15, lr=1e-3, log=None)
     return tfcore.accuracy(model, *data["test"])
