@@ -63,6 +63,8 @@ MAX_BYTES = 1_000_000  # what a reader downloads: a notebook, or a page of the b
 # may print only claims (tfcore.check lines, with the value inside "[this run: ...]").
 CLOCK = re.compile(r"\bperf_counter\b|\btime\.time\(|\btime\.monotonic\b|\btimeit\b|^\s*%%?time", re.MULTILINE)
 CLAIM_LINE = re.compile(r"^(✓|–) ")
+# The sanitize rule that masks a trajectory value (tests/sanitize.cfg, [this-run]).
+THIS_RUN = re.compile(r"\[this run: (?:[^\[\]\n]|\[[^\[\]\n]*\])*\]")
 WALL_CLOCK_VERDICT = re.compile(r"(under|within|less than|faster than)[\w ]*(second|minute|ms\b)s?\W*(True|False)", re.IGNORECASE)
 
 
@@ -102,6 +104,10 @@ def hygiene_problems(path: Path) -> list[str]:
         for text in _output_texts(cell):
             if WALL_CLOCK_VERDICT.search(text):
                 problems.append(f"code cell {i} stores a wall-clock verdict {WALL_CLOCK_VERDICT.search(text).group(0)!r}")
+            for line in text.splitlines():
+                if "[this run:" in line and "[this run:" in THIS_RUN.sub("", line):
+                    problems.append(f"code cell {i} prints a [this run: ...] value that the sanitize rule cannot mask "
+                                    f"(brackets nested more than one deep, or no closing bracket): {line[:120]!r}")
             match = LOCAL_PATHS.search(text)
             if match:
                 problems.append(f"code cell {i} output shows a local path near {text[max(0, match.start() - 30):match.end() + 30]!r}")

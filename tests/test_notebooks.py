@@ -110,6 +110,8 @@ def test_hygiene_accepts_a_clean_notebook(tmp_path):
                                           new_output("stream", name="stdout", text="0.42\n"))], "reads the clock"),
     ([new_markdown_cell("# T"), _executed("print('trained in under two minutes:', s < 120)", 1, new_output(
         "stream", name="stdout", text="trained in under two minutes: True\n"))], "wall-clock verdict"),
+    ([new_markdown_cell("# T"), _executed("check", 1, new_output(
+        "stream", name="stdout", text="✓ close  [this run: [[0.1, 0.2]] 0.3]\n"))], "cannot mask"),
     ([new_markdown_cell("# T"), _executed("big", 1, new_output(
         "execute_result", data={"text/plain": "x" * 1_000_001}, execution_count=1))], "over the 1,000,000"),
 ])
@@ -203,6 +205,11 @@ def test_every_sanitize_rule_is_read_by_nbval():
         for regex, replace in patterns:
             s = re.sub(regex, replace, s)
         return s
+
+    # A trajectory value is masked whole, even with a list or a "[CLS]" key inside it; the text
+    # around it is still compared.
+    assert sanitize("✓ a  [this run: [CLS] 0.98, pooler [0.9, 0.1]] (of 54)") == "✓ a  [this run: ...] (of 54)"
+    assert sanitize("✓ a  [this run: 0.98] b") == "✓ a  [this run: ...] b"
 
     cpu = "tensor([[0.1000, 0.2000]])\ntensor([1, 2], dtype=torch.int32)"
     gpu = "tensor([[0.1000, 0.2000]],\n       device='cuda:0')\ntensor([1, 2], device='cuda:0', dtype=torch.int32)"
