@@ -27,7 +27,11 @@ class TransformerForSequenceClassification(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None):
         hidden = self.encoder(input_ids, attention_mask, token_type_ids)
-        return self.classifier(self.dropout(hidden[:, 0]))
+        # .contiguous(): laid out like a stored [B, hidden] feature matrix. CUDA's dropout draws
+        # another mask for a strided slice than for its copy under the same seed (the CPU's does
+        # not; seen with torch 2.11 on an H100), and chapter 8 trains a head on stored features
+        # to the same weights as this model with its encoder frozen, on either device.
+        return self.classifier(self.dropout(hidden[:, 0].contiguous()))
 
     @classmethod
     def from_pretrained(cls, num_labels: int, name: str | None = None):
