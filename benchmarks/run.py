@@ -41,9 +41,21 @@ implementations taking turns so that a change in the machine's load hits them al
 - ``per_token``: the cost of one new token at a given position: one cached step, against one
   full forward pass over every position so far.
 
-``--only generation,cache,per_token`` (or ``--only allocation``) measures just those keys and writes
-them, with their own ``machine`` record, into the existing results.json, leaving the other keys as
-they were.
+FlashAttention (chapter 17):
+
+- ``flash``: attention by tfcore's plain path (with its L x L weights), tfcore's tiled
+  ``tfcore.flash.flash_attention`` (pure PyTorch) and PyTorch's fused SDPA, batch 1, 4 heads of 64:
+  forward time and the rise of the peak memory of one pass. CPU: float32, 512 to 8192 tokens.
+  CUDA: float32 and float16, up to 32768 tokens, SDPA also forced onto each of its backends
+  (``sdpa_kernel(SDPBackend.FLASH_ATTENTION / EFFICIENT_ATTENTION / MATH)``); a case that a backend
+  refuses, or that runs out of memory, is recorded with ``refused`` instead of a time.
+
+``--only generation,cache,per_token`` (or ``--only allocation``, ``--only flash``) measures just those
+keys and writes them, with their own ``machine`` record, into the existing results.json, leaving the
+other keys as they were. ``--devices cuda`` measures on the GPU only and keeps the key's CPU rows;
+its machine record is then ``machine_<key>_cuda``. On a GPU machine, chapter 17's rows:
+
+    .venv/bin/python benchmarks/run.py --only flash --devices cuda            # about 2 minutes on an H100
 """
 
 from __future__ import annotations
@@ -484,6 +496,139 @@ def memory(lengths, device) -> list[dict]:
     return rows
 
 
+FLASH_HEADS, FLASH_HEAD_DIM = 4, 64
+FLASH_BLOCKS = {"cpu": 256, "cuda": 256}  # rows of queries and of keys per block of tfcore.flash's loop
+
+
+def _flash_cases(device: str, dtype: torch.dtype, q, k, v) -> dict:
+    """What the ``flash`` key times: name -> (function, SDPA backend or None). On the CPU the three
+    implementations; on CUDA also SDPA forced onto each of its backends."""
+    from tfcore.flash import flash_attention
+    import tfcore
+
+    block = FLASH_BLOCKS[device]
+    cases = {"plain (tfcore, with weights)": (lambda: tfcore.scaled_dot_product_attention(q, k, v), None),
+             "tiled (tfcore.flash)": (lambda: flash_attention(q, k, v, block_q=block, block_k=block), None),
+             "torch sdpa": (lambda: F.scaled_dot_product_attention(q, k, v), None)}
+    if device == "cuda":
+        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH):
+            cases[f"torch sdpa, {backend.name.lower()} backend"] = (
+                lambda: F.scaled_dot_product_attention(q, k, v), backend)
+    return cases
+
+
+def _flash_inputs(length: int, device: str, dtype: torch.dtype):
+    torch.manual_seed(0)  # drawn on the CPU, then moved: the same numbers on every device
+    return tuple(torch.randn(1, FLASH_HEADS, length, FLASH_HEAD_DIM).to(device=device, dtype=dtype) for _ in range(3))
+
+
+def _flash_memory_point(what: str, length: int) -> dict:
+    """CPU, in this (fresh) process: how far one forward pass raises the peak resident memory."""
+    q, k, v = _flash_inputs(length, "cpu", torch.float32)
+    fn, _ = _flash_cases("cpu", torch.float32, q, k, v)[what]
+    with torch.no_grad():
+        fn()  # warm-up
+        Path("/proc/self/clear_refs").write_text("5")  # Linux: reset VmHWM to the memory in use now
+        base = _status_bytes("VmRSS")
+        fn()
+        peak = _status_bytes("VmHWM") - base
+    return {"peak_bytes": max(int(peak), 0)}
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _flash_seconds(cases: dict, repeats: int, device: str) -> dict:
+    """Median seconds per case (``None`` for a case that raised: its error's first line instead).
+    The cases take turns, ``repeats`` rounds after a warm-up round, so that a change in the
+    machine's load hits them alike."""
+    times, refused = {name: [] for name in cases}, {}
+    for round_ in range(repeats + 1):
+        for name, fn in cases.items():
+            if name in refused:
+                continue
+            try:
+                _sync(device)
+                start = time.perf_counter()
+                fn()
+                _sync(device)
+            except (RuntimeError, torch.cuda.OutOfMemoryError) as error:  # a backend that refuses, or no memory
+                refused[name] = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+            if name in refused:  # outside the except block: the failed call's tensors are released by now
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            if round_:  # round 0 is the warm-up
+                times[name].append(time.perf_counter() - start)
+    return {name: (None, refused[name]) if name in refused else (statistics.median(times[name]), None) for name in cases}
+
+
+def _cuda_peak(fn) -> int | None:
+    """The rise of ``torch.cuda.max_memory_allocated`` over what was allocated before one call."""
+    peak = None
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    except (RuntimeError, torch.cuda.OutOfMemoryError):
+        pass
+    torch.cuda.empty_cache()
+    return peak
+
+
+def flash(lengths, repeats: int, device: str) -> list[dict]:
+    """Attention by tfcore's plain path (with its L x L weights), tfcore's tiled ``flash_attention``
+    and PyTorch's SDPA, batch 1, FLASH_HEADS heads of FLASH_HEAD_DIM: forward time (median of
+    ``repeats`` rounds after a warm-up round, the cases taking turns, ``torch.no_grad()``) and the
+    rise of the peak memory of one pass.
+
+    CPU: float32; the memory in a fresh subprocess per point (Linux's /proc, as ``memory``).
+    CUDA: float32 and float16, SDPA also forced onto each backend with ``sdpa_kernel``; time with
+    ``torch.cuda.synchronize()`` before and after each call, memory as
+    ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``, above what was
+    allocated before. A case that fails (a backend that refuses the dtype or size, or memory that
+    runs out) is recorded with ``refused`` (the error's first line) and no time. Every row holds
+    its dtype and block size.
+    """
+    rows = []
+    dtypes = [torch.float32] if device == "cpu" else [torch.float32, torch.float16]
+    for dtype in dtypes:
+        for length in lengths:
+            q, k, v = _flash_inputs(length, device, dtype)
+            cases = {what: fn if backend is None else (lambda fn=fn, backend=backend: _with_backend(fn, backend))
+                     for what, (fn, backend) in _flash_cases(device, dtype, q, k, v).items()}
+            with torch.no_grad():
+                seconds = _flash_seconds(cases, repeats, device)
+                for what, fn in cases.items():
+                    row = {"what": what, "length": length, "batch": 1, "heads": FLASH_HEADS, "head_dim": FLASH_HEAD_DIM,
+                           "dtype": str(dtype).removeprefix("torch."),
+                           "block": FLASH_BLOCKS[device] if "tiled" in what else None,
+                           "weights_bytes": FLASH_HEADS * length * length * q.element_size(),
+                           "seconds": seconds[what][0], "refused": seconds[what][1], "peak_bytes": None}
+                    if row["refused"] is None and device == "cuda":
+                        row["peak_bytes"] = _cuda_peak(fn)
+                    elif row["refused"] is None:
+                        out = subprocess.run([sys.executable, __file__, "--flash-memory-point", what, str(length)],
+                                             capture_output=True, text=True, check=True,
+                                             env=os.environ | {"HF_HUB_OFFLINE": "1"})
+                        row |= json.loads(out.stdout.strip().splitlines()[-1])
+                    rows.append(row)
+            del q, k, v, cases
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
+def _with_backend(fn, backend):
+    with sdpa_kernel(backend):
+        return fn()
+
+
 def caches() -> list[dict]:
     """The first CPU's caches, from Linux's /sys (empty elsewhere): level, type, size, shared by which CPUs."""
     found = []
@@ -567,18 +712,30 @@ def main() -> None:
                         help="folder for results.json and results.png (default: the committed files)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", help="comma-separated keys to measure, merged into the existing results.json")
+    parser.add_argument("--devices", help="comma-separated devices to measure (default: cpu, and cuda when "
+                        "available); with --only, the rows of the other devices under those keys are kept")
     parser.add_argument("--memory-point", nargs=3, metavar=("KIND", "LENGTH", "DEVICE"), help=argparse.SUPPRESS)
+    parser.add_argument("--flash-memory-point", nargs=2, metavar=("WHAT", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.memory_point:
         kind, length, device = args.memory_point
         print(json.dumps(_memory_point(kind, int(length), device)))
         return
+    if args.flash_memory_point:
+        what, length = args.flash_memory_point
+        print(json.dumps(_flash_memory_point(what, int(length))))
+        return
 
     import tfcore
 
     tfcore.setup(seed=0)
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    if args.devices:
+        unknown_devices = set(args.devices.split(",")) - set(devices)
+        if unknown_devices:
+            parser.error(f"devices {sorted(unknown_devices)} are not available here; choose from {devices}")
+        devices = args.devices.split(",")
     lengths = [16, 32] if args.smoke else [64, 128, 256, 512, 1024, 2048]
     repeats = 2 if args.smoke else 7
     shapes = [(1, 16)] if args.smoke else [(8, 128), (1, 512)]
@@ -600,6 +757,8 @@ def main() -> None:
         "per_token": lambda device: per_token(models, token_positions, 3 if args.smoke else 15, device),
         "allocation": lambda device: [row for threads in ([1] if args.smoke else [1, 2]) for row in allocation(
             [16, 32] if args.smoke else [256, 512, 1024, 2048], 2 if args.smoke else 25, device, threads)],
+        "flash": lambda device: flash([32] if args.smoke else [512, 1024, 2048, 4096, 8192] + (
+            [16384, 32768] if device == "cuda" else []), 1 if args.smoke else 5, device),
     }
     keys = list(measures) if not args.only else args.only.split(",")
     unknown = set(keys) - set(measures)
@@ -609,9 +768,12 @@ def main() -> None:
         args.out / "results.json", args.out / "results.png")
     if args.only:
         results = json.loads(json_path.read_text())
+        # measuring on some devices only (--devices cuda): keep the other devices' rows, and record
+        # this machine under its own name (machine_flash_cuda), beside the one that measured the rest
+        suffix = "" if args.devices is None or "cpu" in devices else "_" + "_".join(devices)
         for key in keys:
-            results[key] = []
-            results[f"machine_{key}"] = machine(args.threads)
+            results[key] = [r for r in results.get(key, []) if args.devices and r["device"] not in devices]
+            results[f"machine_{key}{suffix}"] = machine(args.threads)
     else:
         results = {"machine": machine(args.threads)} | {key: [] for key in keys}
     for device in devices:

@@ -16,6 +16,7 @@ ATTENTION_CASES = {"tfcore, no weights", "tfcore, with weights", "torch sdpa", "
 LAYER_CASES = {"self-attention", "LSTM", "Conv1d, kernel 3"}
 ENCODER_PARTS = {"projections", "feed-forward", "attention, L x L part", "whole layer"}
 ALLOCATION_CASES = {"plain (tfcore, with weights)", "preallocated buffers", "fresh pages only"}
+FLASH_CPU_CASES = {"plain (tfcore, with weights)", "tiled (tfcore.flash)", "torch sdpa"}
 
 
 def test_smoke_run_writes_results_and_plot(tmp_path):
@@ -41,6 +42,10 @@ def test_smoke_run_writes_results_and_plot(tmp_path):
     assert all(r["seconds"] > 0 for r in results["generation"] + results["cache"] + results["per_token"])
     assert {r["what"] for r in results["allocation"]} == ALLOCATION_CASES
     assert all(r["same_output"] and r["seconds"] > 0 and r["threads"] == 1 for r in results["allocation"])
+    cpu_flash = [r for r in results["flash"] if r["device"] == "cpu"]
+    assert {r["what"] for r in cpu_flash} == FLASH_CPU_CASES
+    assert all(r["refused"] is None and r["seconds"] > 0 and r["peak_bytes"] >= 0 and r["dtype"] == "float32"
+               for r in cpu_flash)
 
 
 def _seconds(rows, what, **where):
@@ -134,3 +139,20 @@ def test_the_benchmark_times_chapter_13s_additive_attention():
     benchmark = (ROOT / "benchmarks" / "run.py").read_text()
     assert _class_without_docstring("".join(cell["source"]), "AdditiveAttention") == \
         _class_without_docstring(benchmark, "AdditiveAttention")
+
+
+def test_committed_flash_rows_chapter_17_reads(committed):
+    """Chapter 17: plain, tiled and fused attention on the CPU, 512 to 8192 tokens; CUDA rows, when
+    present, are labelled with their dtype and the GPU's name, and a refused case has no time."""
+    rows = {(r["what"], r["length"]): r for r in committed["flash"] if r["device"] == "cpu"}
+    assert set(rows) == {(what, n) for what in FLASH_CPU_CASES for n in (512, 1024, 2048, 4096, 8192)}
+    assert committed["machine_flash"]["torch_threads"] == 2
+    assert all(r["refused"] is None and r["seconds"] > 0 for r in rows.values())
+    plain, tiled = rows["plain (tfcore, with weights)", 8192], rows["tiled (tfcore.flash)", 8192]
+    assert tiled["peak_bytes"] <= plain["peak_bytes"] / 10
+    cuda = [r for r in committed["flash"] if r["device"] == "cuda"]
+    if cuda:
+        record = committed.get("machine_flash_cuda", committed["machine_flash"])
+        assert record["cuda"]
+        assert {r["dtype"] for r in cuda} == {"float32", "float16"}
+        assert all((r["seconds"] is None) == (r["refused"] is not None) for r in cuda)

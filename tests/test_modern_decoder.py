@@ -254,6 +254,17 @@ def test_a_cache_with_capacity_writes_in_place_and_equals_the_growing_one():
             model(ids[:, :1], cache=reserved)
 
 
+def test_a_cache_with_capacity_holds_values_narrower_than_the_keys():
+    # MLA (chapter 19) caches a latent and a rotary key of different widths in one LayerCache
+    keys, values = torch.randn(2, 1, 7, 12), torch.randn(2, 1, 7, 4)
+    growing, reserved = tfcore.LayerCache(), tfcore.LayerCache(capacity=9)
+    for cache in (growing, reserved):
+        cache.append(keys[:, :, :5], values[:, :, :5])
+        cache.append(keys[:, :, 5:], values[:, :, 5:])
+    assert torch.equal(reserved.keys, keys) and torch.equal(reserved.values, values)
+    assert torch.equal(growing.values, reserved.values)
+
+
 def test_encoder_decoder_cache_gives_the_same_tokens_and_encodes_the_memory_once():
     torch.manual_seed(0)
     model = tfcore.make_model(11, 13, N=2, d_model=32, d_ff=64, h=4, dropout=0.0, verbose=False).eval()

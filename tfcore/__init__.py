@@ -17,6 +17,8 @@ keeps the version later chapters import, and a test keeps the two in agreement.
 - ``generation``: greedy decoding and sampling (temperature, top-k, top-p) (chapters 14-15)
 - ``cache``: the KV cache of incremental decoding (chapter 15)
 - ``llama``: RMSNorm, rotary positions, SwiGLU, grouped-query attention, Llama (chapter 16)
+- ``flash``: the online softmax and tiled attention with its recomputing backward, FlashAttention (chapter 17)
+- ``mla``: multi-head latent attention, its latent cache and absorbed form, a dense DeepSeek-V3 (chapter 19)
 - ``viz``: bertviz's neuron, head and model views (import ``tfcore.viz``)
 - ``diagrams``: schematic figures of attention, heads and layers, drawn with matplotlib (import ``tfcore.diagrams``)
 """
@@ -29,12 +31,15 @@ from .claims import ClaimError, check
 from .decoder import (EncoderDecoder, TransformerDecoder, TransformerDecoderLayer, beam_search,
                       cross_attention_weights, greedy_decode, length_penalty, make_model, sequence_log_prob)
 from .encoder import Embeddings, TransformerEncoder, sinusoidal_positions
+from .flash import FlashAttentionFunction, flash_attention, flash_attention_backward, flash_attention_forward, online_softmax
 from .generation import generate, next_token_probs
 from .gpt import GPT, GPTConfig
 from .heads import TransformerForSequenceClassification
 from .layers import FeedForward, TransformerEncoderLayer
 from .llama import (GroupedQueryAttention, Llama, LlamaConfig, RMSNorm, SwiGLU, apply_rotary, rotary_cos_sin,
                     rotary_frequencies, rotate_half)
+from .mla import (DeepseekV3, DeepseekV3Config, DeepseekV3DecoderLayer, LatentCache, LatentLayerCache,
+                  MultiHeadLatentAttention, deinterleave)
 from .runtime import load_benchmark_results, setup, shifted
 from .training import (accuracy, digit_reversal, label_smoothed_nll, load_book_prose, load_word_senses, lr_factor,
                        train_classifier, train_seq2seq)
@@ -43,17 +48,24 @@ __all__ = [
     "AttentionHead",
     "CheckpointError",
     "ClaimError",
+    "DeepseekV3",
+    "DeepseekV3Config",
+    "DeepseekV3DecoderLayer",
     "Embeddings",
     "EncoderDecoder",
     "FeedForward",
+    "FlashAttentionFunction",
     "GPT",
     "GPTConfig",
     "GroupedQueryAttention",
     "KVCache",
+    "LatentCache",
+    "LatentLayerCache",
     "LayerCache",
     "Llama",
     "LlamaConfig",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
     "RMSNorm",
     "SwiGLU",
     "TransformerDecoder",
@@ -67,7 +79,11 @@ __all__ = [
     "causal_mask",
     "check",
     "cross_attention_weights",
+    "deinterleave",
     "digit_reversal",
+    "flash_attention",
+    "flash_attention_backward",
+    "flash_attention_forward",
     "generate",
     "greedy_decode",
     "is_embedded",
@@ -82,6 +98,7 @@ __all__ = [
     "lr_factor",
     "make_model",
     "next_token_probs",
+    "online_softmax",
     "padding_mask",
     "rotary_cos_sin",
     "rotary_frequencies",

@@ -52,9 +52,9 @@ class LayerCache:
         start, end = len(self), len(self) + keys.shape[-2]
         if end > self.capacity:
             raise ValueError(f"the cache has room for {self.capacity} positions (capacity); {end} do not fit")
-        if self._room is None:  # [B, H_kv, capacity, d] for the keys and for the values
-            shape = (*keys.shape[:-2], self.capacity, keys.shape[-1])
-            self._room = keys.new_empty(shape), values.new_empty(shape)
+        if self._room is None:  # [B, H_kv, capacity, d_k] for the keys, [B, H_kv, capacity, d_v] for the values
+            self._room = (keys.new_empty((*keys.shape[:-2], self.capacity, keys.shape[-1])),
+                          values.new_empty((*values.shape[:-2], self.capacity, values.shape[-1])))
         room_keys, room_values = self._room
         room_keys[..., start:end, :] = keys
         room_values[..., start:end, :] = values
