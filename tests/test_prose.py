@@ -32,7 +32,7 @@ KNOWN = headings()
 
 @pytest.mark.parametrize("text, expected", [
     ("As chapter 42 shows.", "chapter 42"),
-    ("Chapters 3 and 19 agree.", "chapter 19"),
+    ("Chapters 3 and 99 agree.", "chapter 99"),
     ("See §5.99.", "section 5.99"),
     ("§§5.3-5.17 measure it.", "section 5.17"),
     ("Sections 2.1 and 2.9 draw it.", "section 2.9"),

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from tfcore import beam_search, make_model
 from tfcore.decoder import cross_attention_weights, length_penalty
-from tfcore.training import BOS, EOS, PAD, label_smoothed_nll, lr_factor, train_seq2seq
+from tfcore.training import BOS, EOS, PAD, SCHEDULES, label_smoothed_nll, lr_factor, train_seq2seq
 from tfcore.translation import (UNK, Vocab, characters, join_words, number_pairs, number_words,
                                 split_numbers, translation_scores, words)
 
@@ -96,6 +96,12 @@ def test_schedules():
         assert ours == pytest.approx(theirs / max(paper), rel=1e-12)
     with pytest.raises(ValueError, match="'linear', 'inverse_sqrt'"):
         lr_factor(0, steps, warmup, "cosine")
+    # no warm-up: both schedules start at the peak and fall from the first step (it divided by zero)
+    for schedule in SCHEDULES:
+        factors = [lr_factor(s, steps, 0, schedule) for s in range(steps)]
+        assert factors[0] == 1.0 and all(a > b for a, b in zip(factors, factors[1:]))
+    with pytest.raises(ValueError, match="warmup must be 0 or more"):
+        lr_factor(0, steps, -1)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,8 @@ keeps the version later chapters import, and a test keeps the two in agreement.
 - ``cache``: the KV cache of incremental decoding (chapter 15)
 - ``llama``: RMSNorm, rotary positions, SwiGLU, grouped-query attention, Llama (chapter 16)
 - ``flash``: the online softmax and tiled attention with its recomputing backward, FlashAttention (chapter 17)
+- ``sliding``: the sliding-window mask and the rolling KV cache of local layers (chapter 18)
+- ``gemma``: Gemma 3's text model, local and global layers, QK-norm, portable from transformers (chapter 18)
 - ``mla``: multi-head latent attention, its latent cache and absorbed form, a dense DeepSeek-V3 (chapter 19)
 - ``viz``: bertviz's neuron, head and model views (import ``tfcore.viz``)
 - ``diagrams``: schematic figures of attention, heads and layers, drawn with matplotlib (import ``tfcore.diagrams``)
@@ -32,6 +34,7 @@ from .decoder import (EncoderDecoder, TransformerDecoder, TransformerDecoderLaye
                       cross_attention_weights, greedy_decode, length_penalty, make_model, sequence_log_prob)
 from .encoder import Embeddings, TransformerEncoder, sinusoidal_positions
 from .flash import FlashAttentionFunction, flash_attention, flash_attention_backward, flash_attention_forward, online_softmax
+from .gemma import Gemma, GemmaConfig, GemmaRMSNorm
 from .generation import generate, next_token_probs
 from .gpt import GPT, GPTConfig
 from .heads import TransformerForSequenceClassification
@@ -41,6 +44,7 @@ from .llama import (GroupedQueryAttention, Llama, LlamaConfig, RMSNorm, SwiGLU, 
 from .mla import (DeepseekV3, DeepseekV3Config, DeepseekV3DecoderLayer, LatentCache, LatentLayerCache,
                   MultiHeadLatentAttention, deinterleave)
 from .runtime import load_benchmark_results, setup, shifted
+from .sliding import RingBuffer, RollingKVCache, position_mask, sliding_window_mask
 from .training import (accuracy, digit_reversal, label_smoothed_nll, load_book_prose, load_word_senses, lr_factor,
                        train_classifier, train_seq2seq)
 
@@ -57,6 +61,9 @@ __all__ = [
     "FlashAttentionFunction",
     "GPT",
     "GPTConfig",
+    "Gemma",
+    "GemmaConfig",
+    "GemmaRMSNorm",
     "GroupedQueryAttention",
     "KVCache",
     "LatentCache",
@@ -67,6 +74,8 @@ __all__ = [
     "MultiHeadAttention",
     "MultiHeadLatentAttention",
     "RMSNorm",
+    "RingBuffer",
+    "RollingKVCache",
     "SwiGLU",
     "TransformerDecoder",
     "TransformerDecoderLayer",
@@ -100,6 +109,7 @@ __all__ = [
     "next_token_probs",
     "online_softmax",
     "padding_mask",
+    "position_mask",
     "rotary_cos_sin",
     "rotary_frequencies",
     "rotate_half",
@@ -108,6 +118,7 @@ __all__ = [
     "setup",
     "shifted",
     "sinusoidal_positions",
+    "sliding_window_mask",
     "train_classifier",
     "train_seq2seq",
 ]

@@ -11,6 +11,7 @@ example ``(input_ids [N, L], attention_mask [N, L], labels [N])`` for a whole cl
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 
 import torch
@@ -165,12 +166,15 @@ def lr_factor(step: int, steps: int, warmup: int, schedule: str = "linear") -> f
     straight line to a tenth of the peak at the last step, and ``"inverse_sqrt"`` falls like
     ``1/sqrt(step)``: the schedule of Vaswani et al. (2017, §5.3), ``d_model^-0.5 *
     min(step^-0.5, step * warmup^-1.5)``, scaled so that its peak is 1. (``step`` counts from 0,
-    as ``torch.optim.lr_scheduler.LambdaLR`` calls it.)
+    as ``torch.optim.lr_scheduler.LambdaLR`` calls it.) ``warmup=0`` starts at the peak.
     """
+    if warmup < 0:
+        raise ValueError(f"warmup must be 0 or more steps, got {warmup!r}; warmup=0 starts at the peak rate")
+    rise = math.inf if warmup == 0 else (step + 1) / warmup
     if schedule == "linear":
-        return min((step + 1) / warmup, 1.0 - 0.9 * max(0, step - warmup) / max(1, steps - warmup))
+        return min(rise, 1.0 - 0.9 * max(0, step - warmup) / max(1, steps - warmup))
     if schedule == "inverse_sqrt":
-        return min((step + 1) / warmup, (warmup / (step + 1)) ** 0.5)
+        return min(rise, (max(warmup, 1) / (step + 1)) ** 0.5)
     raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
 
 

@@ -16,54 +16,66 @@ from matplotlib.patches import FancyBboxPatch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PARTS = [  # (part, colour, [(number, short title, what you build)])
+PARTS = [  # (part, colour, [(number, short title, what you build)]), read left to right, top row first
     ("Inputs", "#d9ead3", [(1, "From text to tensors", "tokens, batches, embeddings")]),
-    ("Attention", "#cfe2f3", [(2, "Scaled dot-product attention", "softmax(QKᵀ/√d) V"),
+    ("Attention", "#cfe2f3", [(2, "Dot-product attention", "softmax(QKᵀ/√d) V"),
                               (3, "Masking", "causal and padding masks"),
                               (4, "Multi-head attention", "heads, fused, bertviz")]),
-    ("The encoder", "#fce5cd", [(5, "Feed-forward and layer norm", "residuals, pre-LN and post-LN"),
-                                (6, "Positions and the full encoder", "learned and sinusoidal"),
+    ("The encoder", "#fce5cd", [(5, "Feed-forward, layer norm", "residuals, pre-LN and post-LN"),
+                                (6, "Positions, the encoder", "learned and sinusoidal"),
                                 (7, "Our encoder is BERT", "same numbers as transformers"),
-                                (8, "A classification head, trained", "pretrained beats both baselines")]),
+                                (8, "A classification head", "pretrained beats baselines")]),
     ("The decoder", "#ead1dc", [(9, "The decoder", "cross-attention, causality"),
                                 (10, "Training and inference", "greedy and beam search"),
-                                (11, "Translating number words", "BLEU, label smoothing, length penalty")]),
-    ("Family and cost", "#d9d2e9", [(12, "The Transformer family tree", "three branches, 2017 to 2026"),
-                                    (13, "What attention costs", "costs measured, and what they buy")]),
+                                (11, "Number words", "BLEU, chrF, label smoothing")]),
+    ("Family and cost", "#d9d2e9", [(12, "The family tree", "three branches, 2017 to 2026"),
+                                    (13, "What attention costs", "costs measured, what they buy")]),
     ("The modern decoder", "#fff2cc", [(14, "A GPT from our parts", "equal to GPT-2, BPE, sampling"),
-                                       (15, "Generating fast: the KV cache", "exact, measured, its memory"),
+                                       (15, "The KV cache", "exact, measured, its memory"),
                                        (16, "The Llama block", "RMSNorm, RoPE, SwiGLU, GQA")]),
-    ("Appendix", "#eeeeee", [(20, "The same model in Keras", "proven equal, model.fit, the map")]),
+    ("Attention at scale", "#d0e0e3", [(17, "FlashAttention", "tiled, online softmax, recompute"),
+                                       (18, "Local and global attention", "windows, Gemma 3, rolling cache"),
+                                       (19, "Latent attention", "DeepSeek-V3, absorption")]),
+    ("Appendix", "#eeeeee", [(20, "The model in Keras", "proven equal, model.fit")]),
 ]
-EDGES = [(n, n + 1) for n in range(1, 16)]  # the reading order; each chapter builds on the last (20 is an appendix)
+COLUMNS = 4  # parts per row: two rows keep the text legible at the book's column width
+# The reading order: each chapter builds on the last (20 is an appendix).
+EDGES = [(n, n + 1) for n in range(1, 19)]
 
 
-def main() -> None:
+def main():
     plt.rcParams["svg.hashsalt"] = "chapter-map"  # stable ids, so the file only changes with the map
-    fig, ax = plt.subplots(figsize=(24.5, 5.2))
-    width, height, centres = 3.55, 0.8, {}
-    for column, (part, colour, chapters) in enumerate(PARTS):
-        x = column * 4.0
-        ax.text(x + width / 2, 4.45, part, ha="center", va="center", fontsize=13, weight="bold")
+    width, height, step, gap = 3.95, 0.9, 1.08, 4.45
+    tallest = [max(len(c) for _, _, c in PARTS[r:r + COLUMNS]) for r in range(0, len(PARTS), COLUMNS)]
+    row_tops, top = [], 0.0
+    for rows in tallest:
+        row_tops.append(top)
+        top -= 0.8 + rows * step + 0.4
+    fig, ax = plt.subplots(figsize=(COLUMNS * gap - 0.4, -top))
+    centres = {}
+    for index, (part, colour, chapters) in enumerate(PARTS):
+        x, y0 = (index % COLUMNS) * gap, row_tops[index // COLUMNS]
+        ax.text(x + width / 2, y0 - 0.3, part, ha="center", va="center", fontsize=16, weight="bold")
+        if index % COLUMNS:  # the reading order from part to part, along the row
+            ax.annotate("", xy=(x - 0.05, y0 - 0.3), xytext=(x - gap + width + 0.05, y0 - 0.3),
+                        arrowprops=dict(arrowstyle="-|>", color="0.4", lw=1.3))
         for row, (number, title, built) in enumerate(chapters):
-            y = 3.6 - row * 1.05
+            y = y0 - 0.8 - height / 2 - row * step
             ax.add_patch(FancyBboxPatch((x, y - height / 2), width, height, boxstyle="round,pad=0.04",
                                         fc=colour, ec="0.35", lw=1.2))
-            ax.text(x + 0.12, y + 0.13, f"{number}. {title}", va="center", fontsize=9, weight="bold")
-            ax.text(x + 0.12, y - 0.2, built, va="center", fontsize=8.5, color="0.25")
+            ax.text(x + 0.1, y + 0.17, f"{number}. {title}", va="center", fontsize=13.5, weight="bold")
+            ax.text(x + 0.1, y - 0.22, built, va="center", fontsize=13, color="0.2")
             centres[number] = (x, y)
-    for a, b in EDGES:
+    for a, b in EDGES:  # the reading order inside a part: straight down
         (xa, ya), (xb, yb) = centres[a], centres[b]
-        if xa == xb:  # same part: straight down
-            start, end = (xa + width / 2, ya - height / 2 - 0.04), (xb + width / 2, yb + height / 2 + 0.04)
-        else:
-            start, end = (xa + width + 0.04, ya), (xb - 0.04, yb)
-        ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="-|>", color="0.4", lw=1.1,
-                                                              connectionstyle="arc3,rad=0.0"))
-    ax.set_xlim(-0.2, (len(PARTS) - 1) * 4.0 + width + 0.2)
-    ax.set_ylim(0, 4.8)
+        if xa == xb:
+            ax.annotate("", xy=(xb + width / 2, yb + height / 2 + 0.04), xytext=(xa + width / 2, ya - height / 2 - 0.04),
+                        arrowprops=dict(arrowstyle="-|>", color="0.4", lw=1.1))
+    ax.set_xlim(-0.1, (COLUMNS - 1) * gap + width + 0.1)
+    ax.set_ylim(top, 0.1)
     ax.axis("off")
     fig.savefig(ROOT / "book" / "chapter_map.svg", bbox_inches="tight", metadata={"Date": None})
+    return fig
 
 
 if __name__ == "__main__":
