@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .encoder import check_input_ids
-from .llama import RMSNorm, SwiGLU, apply_rotary, rotary_cos_sin, rotary_frequencies
+from .llama import RMSNorm, SwiGLU, apply_rotary, init_weights_, rotary_cos_sin, rotary_frequencies
 from .sliding import RollingKVCache, position_mask
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -181,11 +181,7 @@ class Gemma(nn.Module):
         self.register_buffer("global_inv_freq", rotary_frequencies(config.head_dim, config.rope_theta), persistent=False)
         self.register_buffer("local_inv_freq", rotary_frequencies(config.head_dim, config.rope_local_base_freq),
                              persistent=False)
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+        init_weights_(self)
 
     @property
     def max_positions(self) -> int:

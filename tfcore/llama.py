@@ -171,6 +171,18 @@ class GroupedQueryAttention(nn.Module):
         return self.o_proj(context.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
 
 
+def init_weights_(model: nn.Module, std: float = 0.02) -> nn.Module:
+    """Draw every ``Linear`` and ``Embedding`` weight of ``model`` from N(0, std²) and zero every
+    bias: transformers' initialisation of its decoders (``initializer_range``), which the models
+    built on this block (Llama, Gemma, DeepSeek-V3) share."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+    return model
+
+
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block: ``x + attn(RMSNorm(x))``, then ``x + SwiGLU(RMSNorm(x))``."""
 
@@ -204,11 +216,7 @@ class Llama(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rotary_frequencies(config.head_dim, config.rope_theta, config.rope_scaling),
                              persistent=False)
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+        init_weights_(self)
 
     @property
     def max_positions(self) -> int:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .gpt import positions_and_mask
-from .llama import RMSNorm, SwiGLU, apply_rotary, rotary_cos_sin, rotary_frequencies
+from .llama import RMSNorm, SwiGLU, apply_rotary, init_weights_, rotary_cos_sin, rotary_frequencies
 
 
 @dataclass
@@ -285,11 +285,7 @@ class DeepseekV3(nn.Module):
         inv_freq = rotary_frequencies(config.qk_rope_head_dim, config.rope_theta)  # only the rotary part turns
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.absorbed = False
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+        init_weights_(self)
 
     @property
     def max_positions(self) -> int:
