@@ -41,6 +41,15 @@ implementations taking turns so that a change in the machine's load hits them al
 - ``per_token``: the cost of one new token at a given position: one cached step, against one
   full forward pass over every position so far.
 
+Decoding faster (chapter 21):
+
+- ``speculative``: the book-prose target of chapter 21 (``tfcore.speculative.load_decoding_model``)
+  generating 96 greedy tokens after 16 with its KV cache (``tfcore.generate``), against speculative
+  greedy decoding with the draft proposing k = 1..6 tokens per round (the same tokens asserted),
+  and the draft alone; with each k, the proposals accepted and checked. Then the target's forward
+  pass over 8 blocks of 128 tokens with float32 weights, with tfcore's int8 weights
+  (``tfcore.quantization``) and with ``torch.ao.quantization.quantize_dynamic`` (CPU).
+
 FlashAttention (chapter 17):
 
 - ``flash``: attention by tfcore's plain path (with its L x L weights), tfcore's tiled
@@ -50,7 +59,7 @@ FlashAttention (chapter 17):
   (``sdpa_kernel(SDPBackend.FLASH_ATTENTION / EFFICIENT_ATTENTION / MATH)``); a case that a backend
   refuses, or that runs out of memory, is recorded with ``refused`` instead of a time.
 
-``--only generation,cache,per_token`` (or ``--only allocation``, ``--only flash``) measures just those
+``--only generation,cache,per_token`` (or ``--only allocation``, ``--only flash``, ``--only speculative``) measures just those
 keys and writes them, with their own ``machine`` record, into the existing results.json, leaving the
 other keys as they were. ``--devices cuda`` measures on the GPU only and keeps the key's CPU rows;
 its machine record is then ``machine_<key>_cuda``. On a GPU machine, chapter 17's rows:
@@ -240,6 +249,56 @@ def per_token(models: dict, positions, repeats: int, device) -> list[dict]:
                                   {"cached_step": cached_step, "full_pass": full_pass})
             rows += [{"what": what, "model": name, "position": position, "seconds": t}
                      for what, t in seconds.items()]
+    return rows
+
+
+def speculative(ks, new_tokens: int, repeats: int, device) -> list[dict]:
+    """Chapter 21: the book-prose target's cached greedy decoding, against speculative greedy decoding
+    with the draft proposing k tokens per round (same tokens asserted), and the target's forward
+    pass with float32 and with int8 weights."""
+    import copy
+    import warnings
+
+    import tfcore
+    from tfcore.quantization import quantize_linears
+    from tfcore.speculative import decoding_data, load_decoding_model, speculative_generate
+
+    target, draft = (load_decoding_model(name)[0].to(device) for name in ("target", "draft"))
+    data = decoding_data()
+    ids = data["test"][0][:1, :16].to(device)  # the first 16 tokens of the held-out chapter
+    reference = tfcore.generate(target, ids, new_tokens)
+    env = {"tfcore": tfcore, "target": target, "draft": draft, "ids": ids, "n": new_tokens,
+           "speculative_generate": speculative_generate}
+    statements = {"target greedy (cached)": "tfcore.generate(target, ids, n)",
+                  "draft greedy (cached)": "tfcore.generate(draft, ids, n)"}
+    details = {}
+    for k in ks:
+        tokens, stats = speculative_generate(target, draft, ids, new_tokens, k=k, return_stats=True)
+        assert torch.equal(tokens, reference), f"speculative greedy with k={k} differs from the target's greedy tokens"
+        statements[f"speculative, k={k}"] = f"speculative_generate(target, draft, ids, n, k={k})"
+        checked = sum(m + (m < p) for m, p in zip(stats["accepted"], stats["proposed"]))
+        details[f"speculative, k={k}"] = {"k": k, "same_tokens": True, "accepted": sum(stats["accepted"]),
+                                          "proposed": sum(stats["proposed"]), "checked": checked,
+                                          "rounds": len(stats["accepted"]), "target_calls": stats["target_calls"],
+                                          "draft_calls": stats["draft_calls"]}
+    seconds = _take_turns(statements, repeats, env)
+    rows = [{"what": what, "part": "decoding", "new_tokens": new_tokens, "prompt": ids.shape[1], "seconds": t,
+             "tokens_per_second": new_tokens / t, **details.get(what, {})} for what, t in seconds.items()]
+    batch = data["test"][0][:8].to(device)  # [8, 128]: a forward pass over 8 blocks of the held-out chapter
+    small = quantize_linears(copy.deepcopy(target))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated in torch 2.13, still present
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        dynamic = copy.deepcopy(target)
+        dynamic.blocks = quantize_dynamic(dynamic.blocks, {torch.nn.Linear: per_channel_dynamic_qconfig},
+                                          dtype=torch.qint8)
+    forward = {"target forward, float32": target, "target forward, int8 weights (tfcore)": small}
+    if device == "cpu":  # quantize_dynamic runs on the CPU only
+        forward["target forward, int8 dynamic (torch quantize_dynamic)"] = dynamic
+    seconds = _take_turns({what: f"models[{what!r}](batch)" for what in forward}, repeats,
+                          {"models": forward, "batch": batch})
+    rows += [{"what": what, "part": "forward", "batch": list(batch.shape), "seconds": t} for what, t in seconds.items()]
     return rows
 
 
@@ -757,6 +816,8 @@ def main() -> None:
         "per_token": lambda device: per_token(models, token_positions, 3 if args.smoke else 15, device),
         "allocation": lambda device: [row for threads in ([1] if args.smoke else [1, 2]) for row in allocation(
             [16, 32] if args.smoke else [256, 512, 1024, 2048], 2 if args.smoke else 25, device, threads)],
+        "speculative": lambda device: speculative([1, 3] if args.smoke else [1, 2, 3, 4, 5, 6], 16 if args.smoke else 96,
+                                                  2 if args.smoke else 9, device),
         "flash": lambda device: flash([32] if args.smoke else [512, 1024, 2048, 4096, 8192] + (
             [16384, 32768] if device == "cuda" else []), 1 if args.smoke else 5, device),
     }

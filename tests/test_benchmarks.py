@@ -46,6 +46,10 @@ def test_smoke_run_writes_results_and_plot(tmp_path):
     assert {r["what"] for r in cpu_flash} == FLASH_CPU_CASES
     assert all(r["refused"] is None and r["seconds"] > 0 and r["peak_bytes"] >= 0 and r["dtype"] == "float32"
                for r in cpu_flash)
+    speculative = {r["what"]: r for r in results["speculative"]}
+    assert {"target greedy (cached)", "draft greedy (cached)", "speculative, k=1", "speculative, k=3",
+            "target forward, float32", "target forward, int8 weights (tfcore)"} <= set(speculative)
+    assert all(r["same_tokens"] for what, r in speculative.items() if what.startswith("speculative"))
 
 
 def _seconds(rows, what, **where):
@@ -156,3 +160,12 @@ def test_committed_flash_rows_chapter_17_reads(committed):
         assert record["cuda"]
         assert {r["dtype"] for r in cuda} == {"float32", "float16"}
         assert all((r["seconds"] is None) == (r["refused"] is not None) for r in cuda)
+
+
+def test_committed_speculative_rows_chapter_21_reads(committed):
+    rows = {r["what"]: r for r in committed["speculative"] if r["device"] == "cpu"}
+    ks = [rows[f"speculative, k={k}"] for k in range(1, 7)]
+    assert all(r["same_tokens"] and 0 <= r["accepted"] <= r["checked"] <= r["proposed"] for r in ks)
+    best = max(rows["target greedy (cached)"]["seconds"] / r["seconds"] for r in ks)
+    assert best >= 1.5, best  # the target: 1.5x over plain cached greedy, same tokens
+    assert {"target forward, float32", "target forward, int8 weights (tfcore)"} <= set(rows)

@@ -21,6 +21,9 @@ keeps the version later chapters import, and a test keeps the two in agreement.
 - ``sliding``: the sliding-window mask and the rolling KV cache of local layers (chapter 18)
 - ``gemma``: Gemma 3's text model, local and global layers, QK-norm, portable from transformers (chapter 18)
 - ``mla``: multi-head latent attention, its latent cache and absorbed form, a dense DeepSeek-V3 (chapter 19)
+- ``moe``: routers, gates and experts, Mixtral and DeepSeek-V3 with experts, load balancing (chapter 20)
+- ``speculative``: speculative decoding, greedy and sampled, with a draft model (chapter 21)
+- ``quantization``: per-channel symmetric int8 weights for linear layers (chapter 21)
 - ``viz``: bertviz's neuron, head and model views (import ``tfcore.viz``)
 - ``diagrams``: schematic figures of attention, heads and layers, drawn with matplotlib (import ``tfcore.diagrams``)
 """
@@ -43,8 +46,12 @@ from .llama import (GroupedQueryAttention, Llama, LlamaConfig, RMSNorm, SwiGLU, 
                     rotary_frequencies, rotate_half)
 from .mla import (DeepseekV3, DeepseekV3Config, DeepseekV3DecoderLayer, LatentCache, LatentLayerCache,
                   MultiHeadLatentAttention, deinterleave)
+from .moe import (DeepseekV3MoEConfig, DeepseekV3WithExperts, Experts, Mixtral, MixtralConfig, SparseMoeBlock,
+                  load_balancing_loss, sigmoid_topk, softmax_topk, update_choice_bias)
+from .quantization import Int8Linear, quantize_linears, quantize_per_channel
 from .runtime import load_benchmark_results, setup, shifted
 from .sliding import RingBuffer, RollingKVCache, position_mask, sliding_window_mask
+from .speculative import load_decoding_model, speculative_generate, truncate_cache
 from .training import (accuracy, digit_reversal, label_smoothed_nll, load_book_prose, load_word_senses, lr_factor,
                        train_classifier, train_seq2seq)
 
@@ -55,8 +62,11 @@ __all__ = [
     "DeepseekV3",
     "DeepseekV3Config",
     "DeepseekV3DecoderLayer",
+    "DeepseekV3MoEConfig",
+    "DeepseekV3WithExperts",
     "Embeddings",
     "EncoderDecoder",
+    "Experts",
     "FeedForward",
     "FlashAttentionFunction",
     "GPT",
@@ -65,17 +75,21 @@ __all__ = [
     "GemmaConfig",
     "GemmaRMSNorm",
     "GroupedQueryAttention",
+    "Int8Linear",
     "KVCache",
     "LatentCache",
     "LatentLayerCache",
     "LayerCache",
     "Llama",
     "LlamaConfig",
+    "Mixtral",
+    "MixtralConfig",
     "MultiHeadAttention",
     "MultiHeadLatentAttention",
     "RMSNorm",
     "RingBuffer",
     "RollingKVCache",
+    "SparseMoeBlock",
     "SwiGLU",
     "TransformerDecoder",
     "TransformerDecoderLayer",
@@ -98,9 +112,11 @@ __all__ = [
     "is_embedded",
     "label_smoothed_nll",
     "length_penalty",
+    "load_balancing_loss",
     "load_benchmark_results",
     "load_book_prose",
     "load_config",
+    "load_decoding_model",
     "load_pretrained",
     "load_tokenizer",
     "load_word_senses",
@@ -110,6 +126,8 @@ __all__ = [
     "online_softmax",
     "padding_mask",
     "position_mask",
+    "quantize_linears",
+    "quantize_per_channel",
     "rotary_cos_sin",
     "rotary_frequencies",
     "rotate_half",
@@ -117,8 +135,13 @@ __all__ = [
     "sequence_log_prob",
     "setup",
     "shifted",
+    "sigmoid_topk",
     "sinusoidal_positions",
     "sliding_window_mask",
+    "softmax_topk",
+    "speculative_generate",
     "train_classifier",
     "train_seq2seq",
+    "truncate_cache",
+    "update_choice_bias",
 ]

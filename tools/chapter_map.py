@@ -36,11 +36,13 @@ PARTS = [  # (part, colour, [(number, short title, what you build)]), read left 
     ("Attention at scale", "#d0e0e3", [(17, "FlashAttention", "tiled, online softmax, recompute"),
                                        (18, "Local and global attention", "windows, Gemma 3, rolling cache"),
                                        (19, "Latent attention", "DeepSeek-V3, absorption")]),
-    ("Appendix", "#eeeeee", [(20, "The model in Keras", "proven equal, model.fit")]),
+    ("Experts and fast decoding", "#f4cccc", [(20, "Mixture of experts", "Mixtral, DeepSeek-V3, balancing"),
+                                            (21, "Decoding faster", "speculative decoding, int8")]),
+    ("Appendix", "#eeeeee", [(22, "The model in Keras", "proven equal, model.fit")]),
 ]
 COLUMNS = 4  # parts per row: two rows keep the text legible at the book's column width
-# The reading order: each chapter builds on the last (20 is an appendix).
-EDGES = [(n, n + 1) for n in range(1, 19)]
+# The reading order: each chapter builds on the last (22 is an appendix).
+EDGES = [(n, n + 1) for n in range(1, 21)]
 
 
 def main():
