@@ -5,8 +5,6 @@ that stores expanded keys instead of the latent."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from transformers import DeepseekV3Config as HFConfig
@@ -17,6 +15,8 @@ from transformers.utils import logging as hf_logging
 import tfcore
 from tfcore import mla
 from tfcore.mla import DeepseekV3, DeepseekV3Config, LatentLayerCache, MultiHeadLatentAttention
+
+from ports import widen
 
 hf_logging.set_verbosity_error()
 TOLERANCE = 1e-4  # the interface's "equal": within 1e-4 of transformers' logits
@@ -29,16 +29,7 @@ SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_lay
 def reference(seed=0, **overrides):
     """A small dense DeepseekV3ForCausalLM with weights large enough that greedy decoding varies."""
     torch.manual_seed(seed)
-    model = DeepseekV3ForCausalLM(HFConfig(**{**SIZES, **overrides})).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" in name:
-                parameter.uniform_(0.5, 1.5)
-            elif "embed_tokens" in name:
-                parameter.normal_(0, 0.3)
-            else:
-                parameter.normal_(0, 1 / math.sqrt(parameter.shape[-1]))
-    return model
+    return widen(DeepseekV3ForCausalLM(HFConfig(**{**SIZES, **overrides})).eval())
 
 
 def ids(seed=1, length=20):

@@ -3,8 +3,6 @@ to catch a planted bug (a gate renormalised over the wrong set, a shared expert 
 gates, a token dropped or counted twice, an expert's output scattered to the wrong rows, an
 auxiliary loss off from transformers')."""
 
-import math
-
 import pytest
 import torch
 import transformers
@@ -15,23 +13,9 @@ from tfcore import moe
 from tfcore.moe import (DeepseekV3WithExperts, Experts, Mixtral, SparseMoeBlock, load_balancing_loss, moe_blocks,
                         sigmoid_topk, softmax_topk, tokens_per_expert, update_choice_bias)
 
+from ports import widen
+
 transformers.utils.logging.set_verbosity_error()
-
-
-def widen(model):
-    # Larger random weights, so that routing and greedy tokens vary (as chapters 16 and 19 do).
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" in name:
-                parameter.uniform_(0.5, 1.5)
-            elif "embed_tokens" in name:
-                parameter.normal_(0, 0.3)
-            else:
-                parameter.normal_(0, 1 / math.sqrt(parameter.shape[-1]))
-        for name, buffer in model.named_buffers():
-            if "e_score_correction_bias" in name:
-                buffer.copy_(0.1 * torch.randn(buffer.shape))
-    return model
 
 
 @pytest.fixture(scope="module")
