@@ -38,11 +38,13 @@ PARTS = [  # (part, colour, [(number, short title, what you build)]), read left 
                                        (19, "Latent attention", "DeepSeek-V3, absorption")]),
     ("Experts and fast decoding", "#f4cccc", [(20, "Mixture of experts", "Mixtral, DeepSeek-V3, balancing"),
                                             (21, "Decoding faster", "speculative decoding, int8")]),
-    ("Appendix", "#eeeeee", [(22, "The model in Keras", "proven equal, model.fit")]),
+    ("From text to assistant", "#e6f0d0", [(22, "A tokenizer from scratch", "byte-level BPE, as tokenizers"),
+                                           (23, "From LM to assistant", "chat template, LoRA, DPO")]),
+    ("Appendix", "#eeeeee", [(24, "The model in Keras", "proven equal, model.fit")]),
 ]
 COLUMNS = 4  # parts per row: two rows keep the text legible at the book's column width
-# The reading order: each chapter builds on the last (22 is an appendix).
-EDGES = [(n, n + 1) for n in range(1, 21)]
+# The reading order: each chapter builds on the last (24 is an appendix).
+EDGES = [(n, n + 1) for n in range(1, 23)]
 
 
 def main():
