@@ -24,26 +24,35 @@ keeps the version later chapters import, and a test keeps the two in agreement.
 - ``moe``: routers, gates and experts, Mixtral and DeepSeek-V3 with experts, load balancing (chapter 20)
 - ``speculative``: speculative decoding, greedy and sampled, with a draft model (chapter 21)
 - ``quantization``: per-channel symmetric int8 weights for linear layers (chapter 21)
+- ``bpe``: byte-level BPE from scratch, trained and applied as the ``tokenizers`` library does (chapter 22)
+- ``instruct``: chapter 14's GPT as shipped, a chat template, an instruction set, the answer-only loss (chapter 23)
+- ``lora``: low-rank adapters beside frozen linear layers, and merging them (chapter 23)
+- ``dpo``: sequence log-probabilities and the DPO loss, with its implicit rewards (chapter 23)
+- ``stats``: the Wilson interval and the exact McNemar test (chapters 8 and 23)
 - ``viz``: bertviz's neuron, head and model views (import ``tfcore.viz``)
 - ``diagrams``: schematic figures of attention, heads and layers, drawn with matplotlib (import ``tfcore.diagrams``)
 """
 
 from .attention import (AttentionHead, MultiHeadAttention, causal_mask, padding_mask,
                         scaled_dot_product_attention)
+from .bpe import ByteLevelBPE, bytes_to_unicode
 from .cache import KVCache, LayerCache
 from .checkpoint import CheckpointError, is_embedded, load_config, load_pretrained, load_tokenizer
 from .claims import ClaimError, check
 from .decoder import (EncoderDecoder, TransformerDecoder, TransformerDecoderLayer, beam_search,
                       cross_attention_weights, greedy_decode, length_penalty, make_model, sequence_log_prob)
+from .dpo import dpo_loss, kl_from_reference, reference_logprobs, sequence_logprobs
 from .encoder import Embeddings, TransformerEncoder, sinusoidal_positions
 from .flash import FlashAttentionFunction, flash_attention, flash_attention_backward, flash_attention_forward, online_softmax
 from .gemma import Gemma, GemmaConfig, GemmaRMSNorm
 from .generation import generate, next_token_probs
 from .gpt import GPT, GPTConfig
 from .heads import TransformerForSequenceClassification
+from .instruct import add_chat_tokens, exact_match, load_book_gpt, masked_loss
 from .layers import FeedForward, TransformerEncoderLayer
 from .llama import (GroupedQueryAttention, Llama, LlamaConfig, RMSNorm, SwiGLU, apply_rotary, rotary_cos_sin,
                     rotary_frequencies, rotate_half)
+from .lora import LoRALinear, add_lora, merge_lora
 from .mla import (DeepseekV3, DeepseekV3Config, DeepseekV3DecoderLayer, LatentCache, LatentLayerCache,
                   MultiHeadLatentAttention, deinterleave)
 from .moe import (DeepseekV3MoEConfig, DeepseekV3WithExperts, Experts, Mixtral, MixtralConfig, SparseMoeBlock,
@@ -52,11 +61,13 @@ from .quantization import Int8Linear, quantize_linears, quantize_per_channel
 from .runtime import load_benchmark_results, setup, shifted
 from .sliding import RingBuffer, RollingKVCache, position_mask, sliding_window_mask
 from .speculative import load_decoding_model, speculative_generate, truncate_cache
+from .stats import mcnemar_exact, wilson_interval
 from .training import (accuracy, digit_reversal, label_smoothed_nll, load_book_prose, load_word_senses, lr_factor,
                        train_classifier, train_seq2seq)
 
 __all__ = [
     "AttentionHead",
+    "ByteLevelBPE",
     "CheckpointError",
     "ClaimError",
     "DeepseekV3",
@@ -82,6 +93,7 @@ __all__ = [
     "LayerCache",
     "Llama",
     "LlamaConfig",
+    "LoRALinear",
     "Mixtral",
     "MixtralConfig",
     "MultiHeadAttention",
@@ -97,23 +109,30 @@ __all__ = [
     "TransformerEncoderLayer",
     "TransformerForSequenceClassification",
     "accuracy",
+    "add_chat_tokens",
+    "add_lora",
     "apply_rotary",
     "beam_search",
+    "bytes_to_unicode",
     "causal_mask",
     "check",
     "cross_attention_weights",
     "deinterleave",
     "digit_reversal",
+    "dpo_loss",
+    "exact_match",
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_forward",
     "generate",
     "greedy_decode",
     "is_embedded",
+    "kl_from_reference",
     "label_smoothed_nll",
     "length_penalty",
     "load_balancing_loss",
     "load_benchmark_results",
+    "load_book_gpt",
     "load_book_prose",
     "load_config",
     "load_decoding_model",
@@ -122,17 +141,22 @@ __all__ = [
     "load_word_senses",
     "lr_factor",
     "make_model",
+    "masked_loss",
+    "mcnemar_exact",
+    "merge_lora",
     "next_token_probs",
     "online_softmax",
     "padding_mask",
     "position_mask",
     "quantize_linears",
     "quantize_per_channel",
+    "reference_logprobs",
     "rotary_cos_sin",
     "rotary_frequencies",
     "rotate_half",
     "scaled_dot_product_attention",
     "sequence_log_prob",
+    "sequence_logprobs",
     "setup",
     "shifted",
     "sigmoid_topk",
@@ -144,4 +168,5 @@ __all__ = [
     "train_seq2seq",
     "truncate_cache",
     "update_choice_bias",
+    "wilson_interval",
 ]

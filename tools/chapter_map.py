@@ -38,7 +38,7 @@ PARTS = [  # (part, colour, [(number, short title, what you build)]), read left 
                                        (19, "Latent attention", "DeepSeek-V3, absorption")]),
     ("Experts and fast decoding", "#f4cccc", [(20, "Mixture of experts", "Mixtral, DeepSeek-V3, balancing"),
                                             (21, "Decoding faster", "speculative decoding, int8")]),
-    ("From text to assistant", "#e6f0d0", [(22, "A tokenizer from scratch", "byte-level BPE, as tokenizers"),
+    ("From text to assistant", "#e6f0d0", [(22, "Tokenizer from scratch", "byte-level BPE, as tokenizers"),
                                            (23, "From LM to assistant", "chat template, LoRA, DPO")]),
     ("Appendix", "#eeeeee", [(24, "The model in Keras", "proven equal, model.fit")]),
 ]
