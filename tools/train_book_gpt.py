@@ -25,16 +25,9 @@ from safetensors.torch import save_file
 import tfcore
 from tfcore.instruct import BOOK_GPT
 from tfcore.speculative import decoding_data
+from train_decoding_models import mean_loss  # tools/ is on the path when this script runs
 
 DATA = Path(__file__).resolve().parent.parent / "tfcore" / "data"
-
-
-@torch.no_grad()
-def mean_loss(model, x, y, batch_size=64):
-    model.eval()
-    total = sum(F.cross_entropy(model(x[i:i + batch_size]).flatten(0, 1), y[i:i + batch_size].flatten(),
-                                reduction="sum").item() for i in range(0, len(x), batch_size))
-    return total / y.numel()
 
 
 def main(seed: int = 0) -> None:
