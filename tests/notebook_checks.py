@@ -68,9 +68,12 @@ THIS_RUN = re.compile(r"\[this run: (?:[^\[\]\n]|\[[^\[\]\n]*\])*\]")
 WALL_CLOCK_VERDICT = re.compile(r"(under|within|less than|faster than)[\w ]*(second|minute|ms\b)s?\W*(True|False)", re.IGNORECASE)
 
 
+VIEW = re.compile(r"\bviz\.\w+_view\(")  # a bertviz view: its div id is random; the browser test draws it
+
+
 def hygiene_problems(path: Path) -> list[str]:
-    """Executed top to bottom, no errors or stderr, no local paths, a title, under 1 MB, and no
-    clock reading in a compared output."""
+    """Executed top to bottom, no errors or stderr, no local paths, a title, under 1 MB, no clock
+    reading in a compared output, and no output left uncompared that states no checked claim."""
     nb = nbformat.read(path, as_version=4)
     problems = []
     size = path.stat().st_size
@@ -95,6 +98,11 @@ def hygiene_problems(path: Path) -> list[str]:
                 problems.append(f"code cell {i} stores an error: {out.get('ename')}")
             if out.output_type == "stream" and out.name == "stderr":
                 problems.append(f"code cell {i} stores stderr output: {out.text[:80]!r}")
+        if "nbval-ignore-output" in cell.metadata.get("tags", []) and not VIEW.search(cell.source):
+            printed = [line for text in _output_texts(cell) for line in text.splitlines()]
+            if not any(CLAIM_LINE.match(line) for line in printed):
+                problems.append(f"code cell {i}'s output is not compared (nbval-ignore-output) and states no "
+                                f"claim: nothing checks it; add a tfcore.check, or compare the output")
         if CLOCK.search(cell.source):
             printed = [line for text in _output_texts(cell) for line in text.splitlines() if line.strip()]
             unchecked = [line for line in printed if not CLAIM_LINE.match(line)]

@@ -8,10 +8,17 @@
 - Every markdown link to a notebook must name a file that exists, and a link whose text says
   "chapter N" must point to chapter N's notebook.
 - A chapter's main path (its markdown outside ``{dropdown}`` boxes, code blocks left out) is at
-  most ``MAX_MAIN_PATH_WORDS`` words: deep dives fold away.
+  most ``MAX_MAIN_PATH_WORDS`` words, and it has at most ``MAX_MAIN_PATH_CODE_CELLS`` code cells
+  (a cell tagged ``hide-cell`` or ``remove-cell``, or an exercise's ``# Solution``, is off the main
+  path): deep dives fold away.
+- Each chapter's reading time (``reading_minutes``: the main path's prose at ``WORDS_PER_MINUTE``,
+  plus ``MINUTES_PER_CODE_CELL`` for each main-path code cell and its output, rounded to 5 minutes)
+  is the one the landing page's table gives.
 
 By hand: ``python tests/prose_checks.py notebooks/05_*.ipynb`` prints each notebook's main-path word
-count and its broken references; with no argument, every notebook and every page of ``book/``.
+count, code cells and reading time, and its broken references; with no argument, every notebook and
+every page of ``book/``. ``python tests/prose_checks.py --write-reading-times`` rewrites the landing
+page's reading times from the chapters as they are.
 """
 
 from __future__ import annotations
@@ -23,7 +30,11 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_MAIN_PATH_WORDS = 4500
+MAX_MAIN_PATH_WORDS = 3500
+MAX_MAIN_PATH_CODE_CELLS = 32
+WORDS_PER_MINUTE = 180  # a reader of technical prose, slower than the 200-250 of plain text
+MINUTES_PER_CODE_CELL = 0.75  # to read a cell, run it and read what it prints
+OFF_MAIN_PATH_TAGS = {"hide-cell", "remove-cell"}
 
 HEADING = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)\.?\s", re.M)
 _LIST = r"(\d+(?:\.\d+)*(?:\s*(?:,\s*(?:and\s+|or\s+)?|\band\b|\bor\b|\bto\b|-|–)\s*{more}\d+(?:\.\d+)*)*)"
@@ -115,6 +126,33 @@ def main_path_words(path: Path) -> int:
     return len(without_dropdowns(text).split())
 
 
+def main_path_code_cells(path: Path) -> int:
+    """The code cells a reader meets on the main path: not folded away (``hide-cell``), not removed
+    from the book (``remove-cell``, the Colab install cell) and not an exercise's solution."""
+    nb = nbformat.read(path, as_version=4)
+    return sum(1 for c in nb.cells if c.cell_type == "code" and c.source.strip()
+               and not OFF_MAIN_PATH_TAGS & set(c.metadata.get("tags", []))
+               and not c.source.lstrip().startswith("# Solution"))
+
+
+def reading_minutes(path: Path) -> int:
+    """The main path's reading time, to the nearest 5 minutes (at least 5)."""
+    minutes = main_path_words(path) / WORDS_PER_MINUTE + MINUTES_PER_CODE_CELL * main_path_code_cells(path)
+    return max(5, 5 * round(minutes / 5))
+
+
+def landing_page_reading_times(text: str) -> dict[str, int]:
+    """The landing page's table: ``{notebook file name: minutes}`` from each row's first cell (the
+    link to the chapter) and its "N min" cell."""
+    times = {}
+    for row in text.splitlines():
+        link = re.match(r"\|\s*\[\d+\]\(\.\./notebooks/([\w.-]+\.ipynb)\)", row)
+        minutes = re.search(r"\|\s*(\d+) min\s*\|", row)
+        if link and minutes:
+            times[link.group(1)] = int(minutes.group(1))
+    return times
+
+
 def prose_paths() -> list[Path]:
     return notebooks() + sorted((ROOT / "book").glob("*.md"))
 
@@ -130,12 +168,29 @@ def all_reference_problems(paths: list[Path] | None = None) -> list[str]:
     return problems
 
 
+def write_reading_times(page: Path = ROOT / "book" / "intro.md") -> None:
+    """Rewrite the "Reading" column of the landing page's table from the chapters as they are."""
+    lines = page.read_text().splitlines()
+    for i, row in enumerate(lines):
+        link = re.match(r"\|\s*\[\d+\]\(\.\./notebooks/([\w.-]+\.ipynb)\)", row)
+        if link:
+            cells = row.split("|")
+            cells[3] = f" {reading_minutes(ROOT / 'notebooks' / link.group(1))} min "
+            lines[i] = "|".join(cells)
+    page.write_text("\n".join(lines) + "\n")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--write-reading-times"]:
+        write_reading_times()
+        sys.exit()
     paths = [Path(p).resolve() for p in sys.argv[1:]] or prose_paths()
     for path in paths:
         if path.suffix == ".ipynb":
-            words = main_path_words(path)
+            words, cells = main_path_words(path), main_path_code_cells(path)
             flag = "" if words <= MAX_MAIN_PATH_WORDS else f"  OVER {MAX_MAIN_PATH_WORDS}"
-            print(f"{path.name}: {words} words on the main path{flag}")
+            flag += "" if cells <= MAX_MAIN_PATH_CODE_CELLS else f"  OVER {MAX_MAIN_PATH_CODE_CELLS} CELLS"
+            print(f"{path.name}: {words} words and {cells} code cells on the main path, "
+                  f"{reading_minutes(path)} min{flag}")
     for problem in all_reference_problems(paths):
         print(problem)

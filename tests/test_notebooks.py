@@ -86,6 +86,18 @@ def _executed(source, count, *outputs):
     return cell
 
 
+def _ignored(cell):
+    cell.metadata["tags"] = ["nbval-ignore-output"]
+    return cell
+
+
+def test_hygiene_accepts_uncompared_outputs_that_are_checked_claims_or_views(tmp_path):
+    checked = _ignored(_executed("print(table); tfcore.check('low', loss < 1, measured=loss)", 1, new_output(
+        "stream", name="stdout", text="loss 0.31\n✓ low  [this run: 0.31]\n")))
+    view = _ignored(_executed("viz.head_view('a b', 'c d')", 2))
+    assert hygiene_problems(_notebook(tmp_path, new_markdown_cell("# Title"), checked, view)) == []
+
+
 def test_hygiene_accepts_a_clean_notebook(tmp_path):
     path = _notebook(tmp_path, new_markdown_cell("# Title"),
                      _executed("print(1)", 1, new_output("stream", name="stdout", text="1\n")))
@@ -112,6 +124,8 @@ def test_hygiene_accepts_a_clean_notebook(tmp_path):
         "stream", name="stdout", text="trained in under two minutes: True\n"))], "wall-clock verdict"),
     ([new_markdown_cell("# T"), _executed("check", 1, new_output(
         "stream", name="stdout", text="✓ close  [this run: [[0.1, 0.2]] 0.3]\n"))], "cannot mask"),
+    ([new_markdown_cell("# T"), _ignored(_executed("print(table)", 1, new_output(
+        "stream", name="stdout", text="loss 0.31\n")))], "states no claim"),
     ([new_markdown_cell("# T"), _executed("big", 1, new_output(
         "execute_result", data={"text/plain": "x" * 1_000_001}, execution_count=1))], "over the 1,000,000"),
 ])

@@ -7,8 +7,11 @@ import nbformat
 import pytest
 from nbformat.v4 import new_markdown_cell, new_notebook
 
-from prose_checks import (MAX_MAIN_PATH_WORDS, all_reference_problems, headings, main_path_words,
-                          notebooks, reference_problems)
+from nbformat.v4 import new_code_cell
+
+from prose_checks import (MAX_MAIN_PATH_CODE_CELLS, MAX_MAIN_PATH_WORDS, ROOT, all_reference_problems,
+                          headings, landing_page_reading_times, main_path_code_cells, main_path_words,
+                          notebooks, reading_minutes, reference_problems)
 
 NOTEBOOKS = notebooks()
 
@@ -23,6 +26,20 @@ def test_main_path_is_one_a_reader_can_finish(path):
     assert words <= MAX_MAIN_PATH_WORDS, (
         f"{path.name} has {words} words of prose on its main path (at most {MAX_MAIN_PATH_WORDS}): "
         f"move a deep dive into a {{dropdown}} box")
+    cells = main_path_code_cells(path)
+    assert cells <= MAX_MAIN_PATH_CODE_CELLS, (
+        f"{path.name} has {cells} code cells on its main path (at most {MAX_MAIN_PATH_CODE_CELLS}): "
+        f"tag a deep dive's cells hide-cell, after its {{dropdown}} box")
+
+
+def test_landing_page_gives_each_chapter_its_reading_time():
+    """The reading time in the landing page's table is the one computed from the main path (printed
+    here, so that the suite's log shows each chapter's)."""
+    stated = landing_page_reading_times((ROOT / "book" / "intro.md").read_text())
+    computed = {path.name: reading_minutes(path) for path in NOTEBOOKS}
+    for name, minutes in computed.items():
+        print(f"{name}: {minutes} min")
+    assert stated == computed, {n: (stated.get(n), m) for n, m in computed.items() if stated.get(n) != m}
 
 
 # --- the same checks, shown to fail on planted problems -----------------------------------------
@@ -68,3 +85,23 @@ def test_word_count_leaves_out_dropdowns_and_code(tmp_path):
     assert main_path_words(path) == 3 + 4
     nbformat.write(new_notebook(cells=[new_markdown_cell("word " * (MAX_MAIN_PATH_WORDS + 1))]), path)
     assert main_path_words(path) > MAX_MAIN_PATH_WORDS
+
+
+def test_code_cells_off_the_main_path_are_not_counted(tmp_path):
+    path = tmp_path / "01_x.ipynb"
+    cells = [new_code_cell("x = 1"), new_code_cell("y = 2", metadata={"tags": ["hide-cell"]}),
+             new_code_cell("pip = 3", metadata={"tags": ["remove-cell"]}),
+             new_code_cell("# Solution\nz = 4"), new_code_cell("plot()", metadata={"tags": ["hide-input"]})]
+    nbformat.write(new_notebook(cells=cells), path)
+    assert main_path_code_cells(path) == 2  # the plain cell and the figure whose code is hidden
+    nbformat.write(new_notebook(cells=[new_code_cell("x = 1")] * (MAX_MAIN_PATH_CODE_CELLS + 1)), path)
+    assert main_path_code_cells(path) > MAX_MAIN_PATH_CODE_CELLS
+
+
+def test_a_wrong_reading_time_on_the_landing_page_is_found(tmp_path):
+    row = "| [7](../notebooks/07_our_encoder_is_bert.ipynb) | Our encoder is BERT | 25 min | weights |"
+    assert landing_page_reading_times(row) == {"07_our_encoder_is_bert.ipynb": 25}
+    path = tmp_path / "07_our_encoder_is_bert.ipynb"
+    nbformat.write(new_notebook(cells=[new_markdown_cell("word " * 1800)]), path)
+    assert reading_minutes(path) == 10  # 1,800 words at 180 a minute
+    assert landing_page_reading_times(row)[path.name] != reading_minutes(path)
