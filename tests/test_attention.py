@@ -32,10 +32,12 @@ def _padding(batch, length):
     return attention_mask
 
 
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-6), (torch.float64, 1e-12)],
+                         ids=["float32", "float64"])
 @pytest.mark.parametrize("batch_dims", [(3,), (2, 4)], ids=["3-D", "4-D"])
 @pytest.mark.parametrize("kind", ["none", "causal", "padding", "random"])
-def test_matches_torch_sdpa(batch_dims, kind):
-    q, k, v = _qkv(*batch_dims)
+def test_matches_torch_sdpa(batch_dims, kind, dtype, atol):
+    q, k, v = (t.to(dtype) for t in _qkv(*batch_dims))
     mask = {
         "none": None,
         "causal": causal_mask(7),
@@ -47,9 +49,11 @@ def test_matches_torch_sdpa(batch_dims, kind):
     if mask is not None:
         reference_mask = mask.unsqueeze(1) if len(batch_dims) == 2 and mask.dim() == 3 else mask
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=reference_mask)
-    torch.testing.assert_close(output, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(output, expected, atol=atol, rtol=0)
+    fast, _ = scaled_dot_product_attention(q, k, v, mask, need_weights=False)
+    torch.testing.assert_close(fast, expected, atol=atol, rtol=0)
     assert weights.shape == (*batch_dims, 7, 7)
-    torch.testing.assert_close(weights.sum(-1), torch.ones(*batch_dims, 7))
+    torch.testing.assert_close(weights.sum(-1), torch.ones(*batch_dims, 7, dtype=dtype))
     if mask is not None:
         blocked = ~(reference_mask.expand_as(weights))
         assert (weights[blocked] == 0).all()
@@ -73,6 +77,39 @@ def test_fully_masked_row_gives_zeros_not_nan_and_finite_gradients():
     torch.testing.assert_close(weights[0, [0, 1, 3]].sum(-1), torch.ones(3))
     output.sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@pytest.mark.parametrize("layer", ["function", "head", "multi-head"])
+def test_fast_path_zeroes_fully_masked_rows_whatever_the_fused_kernel_returns(monkeypatch, layer):
+    """On an NVIDIA GPU in float16/bfloat16, PyTorch's fused attention takes cuDNN, which returns
+    finite non-zero rows where every key is blocked. A stand-in kernel that adds 1 everywhere plays
+    that part on the CPU: tfcore's fast path (need_weights=False, the layers' default) must still
+    give zeros on the fully masked rows, and leave every other row as the kernel gave it."""
+    fused = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: fused(*a, **kw) + 1.0)
+    attention_mask = _padding(2, 5)
+    mask = causal_mask(5) & padding_mask(attention_mask.flip(-1))  # left padding: row 1 has 1 [PAD]
+    blocked = ~mask.any(dim=-1)  # [B, L]: queries with no allowed key
+    assert blocked.tolist() == [[False] * 5, [True] + [False] * 4]
+    if layer == "function":
+        q, k, v = _qkv(2, lq=5, lk=5)
+        output, weights = scaled_dot_product_attention(q, k, v, mask, need_weights=False)
+        assert weights is None
+        kernel = fused(q, k, v, attn_mask=mask) + 1.0
+    else:
+        module = AttentionHead(16, 8) if layer == "head" else MultiHeadAttention(
+            BertConfig(hidden_size=16, num_attention_heads=2, attention_probs_dropout_prob=0.0))
+        x = torch.randn(2, 5, 16)
+        with torch.no_grad():
+            output = module(x, mask=mask)
+        kernel = None
+    if layer != "multi-head":
+        assert (output[blocked] == 0).all()
+    else:  # the output projection follows: a blocked row gets exactly its bias
+        torch.testing.assert_close(output[blocked], module.output_linear.bias.expand(1, 16))
+    if kernel is not None:
+        torch.testing.assert_close(output[~blocked], kernel[~blocked], atol=0, rtol=0)
+        assert (kernel[blocked] != 0).all()  # the stand-in kernel really returned non-zero rows
 
 
 def test_fully_masked_rows_in_a_padded_batch_with_outer_product_mask():

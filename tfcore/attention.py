@@ -58,15 +58,20 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout: nn.Modul
     used with 4-D inputs applies to every head. ``dropout``, when given, is applied to the weights.
 
     Returns ``(output [B, (H,) Lq, dv], weights [B, (H,) Lq, Lk])``. With ``need_weights=False``
-    the weights are never formed: PyTorch's fused kernel computes the same output (zeros for a
-    fully masked row, as here) faster and in less memory, and ``weights`` is None.
+    the weights are never formed: PyTorch's fused kernel computes the output faster and in less
+    memory, and ``weights`` is None. Not every fused kernel gives zeros for a fully masked row
+    (on an NVIDIA H200 with torch 2.11, 4-D float16 and bfloat16 inputs take cuDNN, which returns
+    finite non-zero rows there), so such rows are set to zero after the fused call, as here.
     """
     _check_attention_inputs(query, key, value)
     scores_shape = (*query.shape[:-1], key.shape[-2])
     allowed = None if mask is None else _broadcast_mask(mask, torch.empty(scores_shape, device="meta"))
     if not need_weights:
         p = dropout.p if dropout is not None and dropout.training else 0.0
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, dropout_p=p), None
+        output = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, dropout_p=p)
+        if allowed is not None:  # zero the rows with no allowed key, whatever the kernel gave
+            output = output.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+        return output, None
     # Scaling the queries (Lq x d numbers) is cheaper than scaling the scores (Lq x Lk).
     scores = (query / math.sqrt(query.shape[-1])) @ key.transpose(-2, -1)
     if allowed is None:
