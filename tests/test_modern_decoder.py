@@ -18,21 +18,25 @@ hf_logging.set_verbosity_error()
 TOLERANCE = 1e-4  # the interface's "equal": within 1e-4 of transformers' logits
 
 
-def gpt2(seed=0, **overrides):
+def gpt2(seed=0, drawn=True, **overrides):
+    """A random transformers GPT-2, spread (drawn=True) or at its own initialisation."""
     torch.manual_seed(seed)
     settings = dict(vocab_size=101, n_positions=48, n_embd=48, n_layer=2, n_head=4,
                     bos_token_id=None, eos_token_id=None)
     settings.update(overrides)
-    return spread(GPT2LMHeadModel(GPT2Config(**settings)).eval())
+    model = GPT2LMHeadModel(GPT2Config(**settings)).eval()
+    return spread(model) if drawn else model
 
 
-def llama(seed=0, **overrides):
+def llama(seed=0, drawn=True, **overrides):
+    """A random transformers Llama, spread (drawn=True) or at its own initialisation."""
     torch.manual_seed(seed)
     settings = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
                     bos_token_id=None, eos_token_id=None)
     settings.update(overrides)
-    return spread(LlamaForCausalLM(LlamaConfig(**settings)).eval())
+    model = LlamaForCausalLM(LlamaConfig(**settings)).eval()
+    return spread(model) if drawn else model
 
 
 def spread(model):
@@ -132,6 +136,9 @@ GPT_CONFIGS = {
     "untied": dict(tie_word_embeddings=False),
     "wide-inner-3-layers": dict(n_inner=80, n_layer=3, n_head=6),
     "relu": dict(activation_function="relu"),
+    # scores in float32, scaled before the product: the same attention, rounded otherwise (eager only;
+    # transformers 5.23 itself raises on this path in float64, so it is checked here in float32)
+    "upcast-eager": dict(reorder_and_upcast_attn=True, attn_implementation="eager"),
 }
 
 
@@ -167,6 +174,81 @@ def test_llama_port_equals_transformers_llama(name):
     ids = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(1))
     assert logit_gap(ours, reference, ids) < TOLERANCE
     assert ours.layers[0].self_attn.k_proj.out_features == reference.config.num_key_value_heads * ours.config.head_dim
+
+
+# --- the ports in float64: every option off its default, every parameter drawn at random --------
+
+FLOAT64_TOLERANCE = 1e-10
+GPT2_OFF_DEFAULT = dict(vocab_size=61, n_positions=40, n_embd=40, n_layer=3, n_head=5, n_inner=72,
+                        activation_function="gelu", layer_norm_epsilon=1e-3, resid_pdrop=0.2,
+                        embd_pdrop=0.3, attn_pdrop=0.25, tie_word_embeddings=False)
+LLAMA_OFF_DEFAULT = dict(vocab_size=53, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                         num_attention_heads=6, num_key_value_heads=2, head_dim=10,
+                         max_position_embeddings=40, hidden_act="gelu", rms_norm_eps=1e-3,
+                         attention_bias=True, mlp_bias=True, tie_word_embeddings=True,
+                         attention_dropout=0.1,
+                         rope_parameters={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.5,
+                                          "high_freq_factor": 3.0, "rope_theta": 3000.0,
+                                          "original_max_position_embeddings": 12})
+
+
+def float64_pair(make, port, settings, drawn=True):
+    """A float64 reference built by `make`, spread (every parameter random) or left at its own
+    initialisation (drawn=False), and tfcore's port of it."""
+    reference = make(drawn=drawn, **settings).double()
+    return reference, port(reference)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_ports_equal_transformers_in_float64_with_every_option_off_its_default(kind):
+    make, port, settings, vocab = ((gpt2, tfcore.GPT.from_transformers, GPT2_OFF_DEFAULT, 61) if kind == "gpt2"
+                                   else (llama, tfcore.Llama.from_transformers, LLAMA_OFF_DEFAULT, 53))
+    reference, ours = float64_pair(make, port, settings)
+    assert all(p.dtype == torch.float64 for p in ours.parameters())  # the port keeps the dtype
+    for name, parameter in reference.named_parameters():  # nothing left at 1 or 0: a lost copy shows
+        assert not torch.all(parameter == 1) and not torch.all(parameter == 0), name
+    ids = torch.randint(0, vocab, (2, 40), generator=torch.Generator().manual_seed(1))
+    assert logit_gap(ours, reference, ids) < FLOAT64_TOLERANCE
+
+
+def _norm_left_at_init(kind, model):
+    """The planted bug: one norm of the last block left as initialised (weight 1, bias 0)."""
+    with torch.no_grad():
+        norm = model.blocks[-1].layer_norm_2 if kind == "gpt2" else model.layers[-1].post_attention_layernorm
+        norm.weight.fill_(1.0)
+        if getattr(norm, "bias", None) is not None:
+            norm.bias.zero_()
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_planted_norm_not_copied_shows_only_with_random_norms(kind):
+    """A norm weight that the port forgets to copy: invisible at transformers' initialisation
+    (norms 1, biases 0), far beyond the float64 tolerance once every parameter is drawn."""
+    make, port, settings, vocab = ((gpt2, tfcore.GPT.from_transformers, GPT2_OFF_DEFAULT, 61) if kind == "gpt2"
+                                   else (llama, tfcore.Llama.from_transformers, LLAMA_OFF_DEFAULT, 53))
+    ids = torch.randint(0, vocab, (2, 40), generator=torch.Generator().manual_seed(1))
+    gaps = {}
+    for drawn in (False, True):
+        reference, ours = float64_pair(make, port, settings, drawn=drawn)
+        _norm_left_at_init(kind, ours)
+        gaps[drawn] = logit_gap(ours, reference, ids)
+    assert gaps[False] < FLOAT64_TOLERANCE < 1e-3 < gaps[True], gaps
+
+
+def test_ports_refuse_what_they_do_not_implement():
+    for flag, value in (("scale_attn_weights", False), ("scale_attn_by_inverse_layer_idx", True)):
+        with pytest.raises(ValueError, match=flag):
+            tfcore.GPT.from_transformers(gpt2(**{flag: value}))
+    with pytest.raises(ValueError, match="add_cross_attention"):
+        tfcore.GPT.from_transformers(gpt2(add_cross_attention=True))
+    for rope_type, extra in (("dynamic", {}), ("yarn", {"original_max_position_embeddings": 24}),
+                             ("longrope", {"original_max_position_embeddings": 24, "short_factor": [1.0] * 8,
+                                           "long_factor": [2.0] * 8})):
+        parameters = {"rope_type": rope_type, "factor": 2.0, "rope_theta": 10000.0, **extra}
+        with pytest.raises(ValueError, match=f"rotary scaling '{rope_type}' is not implemented"):
+            tfcore.Llama.from_transformers(llama(rope_parameters=parameters))
+    with pytest.raises(ValueError, match="unknown activation 'gelu_fast'"):
+        tfcore.Llama.from_transformers(llama(hidden_act="gelu_fast"))
 
 
 def test_ports_reject_the_wrong_model():
