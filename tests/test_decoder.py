@@ -94,3 +94,87 @@ def test_bad_source_ids_raise_a_clear_error(small):
 # sequence on nearly every item and is never less probable) are checked where the model is
 # trained, in chapter 10: by nbval with seed 0 and by tests/test_robustness.py with seed 1.
 # Training the same model a third time here would add a minute to the suite and check nothing more.
+
+
+def _torch_layer_holding(ours, config, norm_first):
+    """torch.nn.TransformerDecoderLayer in float64 holding ``ours``'s parameters (q, k, v stacked)."""
+    layer = torch.nn.TransformerDecoderLayer(config.hidden_size, config.num_attention_heads,
+                                             dim_feedforward=config.intermediate_size, dropout=0.0,
+                                             activation="gelu", layer_norm_eps=config.layer_norm_eps,
+                                             batch_first=True, norm_first=norm_first).double()
+    state = {}
+    for mine, theirs in [("self_attention", "self_attn"), ("cross_attention", "multihead_attn")]:
+        attention = getattr(ours, mine)
+        q_k_v = [attention.query, attention.key, attention.value]
+        state[f"{theirs}.in_proj_weight"] = torch.cat([p.weight for p in q_k_v])
+        state[f"{theirs}.in_proj_bias"] = torch.cat([p.bias for p in q_k_v])
+        state[f"{theirs}.out_proj.weight"] = attention.output_linear.weight
+        state[f"{theirs}.out_proj.bias"] = attention.output_linear.bias
+    for i in (1, 2):
+        state[f"linear{i}.weight"] = getattr(ours.feed_forward, f"linear_{i}").weight
+        state[f"linear{i}.bias"] = getattr(ours.feed_forward, f"linear_{i}").bias
+    for i in (1, 2, 3):
+        state[f"norm{i}.weight"] = getattr(ours, f"layer_norm_{i}").weight
+        state[f"norm{i}.bias"] = getattr(ours, f"layer_norm_{i}").bias
+    layer.load_state_dict(state, strict=True)
+    return layer.eval()
+
+
+def test_decoder_layer_equals_torch_in_float64_with_every_parameter_random():
+    from transformers import BertConfig
+
+    torch.manual_seed(1)
+    config = BertConfig(hidden_size=40, num_attention_heads=5, intermediate_size=72, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, layer_norm_eps=3e-4)
+    ours = tfcore.TransformerDecoderLayer(config).double().eval()
+    with torch.no_grad():
+        for parameter in ours.parameters():  # norm weights and biases too: a dropped one would show
+            parameter.uniform_(-0.6, 0.6)
+    x, memory = torch.randn(3, 6, 40, dtype=torch.float64), torch.randn(3, 4, 40, dtype=torch.float64)
+    padding = torch.tensor([[False] * 4, [False, False, True, True], [False, False, False, True]])
+    with torch.no_grad():
+        mine = ours(x, memory, src_mask=~padding.unsqueeze(1), tgt_mask=tfcore.causal_mask(6))
+        theirs = _torch_layer_holding(ours, config, True)(
+            x, memory, tgt_mask=~tfcore.causal_mask(6)[0], memory_key_padding_mask=padding)
+        post_ln = _torch_layer_holding(ours, config, False)(
+            x, memory, tgt_mask=~tfcore.causal_mask(6)[0], memory_key_padding_mask=padding)
+        no_padding = _torch_layer_holding(ours, config, True)(x, memory, tgt_mask=~tfcore.causal_mask(6)[0])
+    assert (mine - theirs).abs().max() < 1e-10
+    assert (mine - post_ln).abs().max() > 1e-2      # the comparison can fail: a planted difference
+    assert (mine - no_padding).abs().max() > 1e-2   # and the padding mask matters
+
+
+@pytest.mark.parametrize("option, message", [({"norm_first": False}, "pre-LN only"),
+                                             ({"hidden_act": "relu"}, "exact GELU")])
+def test_decoder_layer_refuses_what_it_does_not_build(option, message):
+    from transformers import BertConfig
+
+    with pytest.raises(ValueError, match=message):
+        tfcore.TransformerDecoderLayer(BertConfig(hidden_size=32, num_attention_heads=4, **option))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"beam_size": 0}, "beam_size must be a whole number >= 1"),
+    ({"beam_size": 2.5}, "beam_size must be a whole number >= 1"),
+    ({"max_len": 0}, "max_len counts the start symbol"),
+    ({"alpha": -0.5}, "alpha, the length penalty's exponent"),
+    ({"alpha": float("nan")}, "alpha, the length penalty's exponent"),
+    ({"end_symbol": 7}, r"end_symbol 7 is not a token of the target vocabulary \[0, 7\)"),
+])
+def test_beam_search_refuses_bad_arguments(small, kwargs, message):
+    src = torch.randint(3, 7, (2, 5))
+    arguments = {"max_len": 4, "start_symbol": BOS, "beam_size": 2} | kwargs
+    with pytest.raises(ValueError, match=message):
+        beam_search(small, src, (src != PAD).unsqueeze(1), **arguments)
+
+
+def test_greedy_decode_refuses_bad_arguments(small):
+    src = torch.randint(3, 7, (2, 5))
+    with pytest.raises(ValueError, match="max_len counts the start symbol"):
+        greedy_decode(small, src, None, max_len=0, start_symbol=BOS)
+    with pytest.raises(ValueError, match=r"src_mask must have shape \[B, 1, Ls\]"):
+        greedy_decode(small, src, (src != PAD), max_len=3, start_symbol=BOS)
+    with pytest.raises(ValueError, match=r"src must be token ids of shape \[B, Ls\]"):
+        greedy_decode(small, src[0], None, max_len=3, start_symbol=BOS)
+    with pytest.raises(ValueError, match=r"\[0, 7\)"):  # a start symbol outside the vocabulary
+        greedy_decode(small, src, None, max_len=3, start_symbol=9)

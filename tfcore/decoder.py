@@ -42,6 +42,10 @@ class ScaledEmbedding(nn.Module):
 class TransformerDecoderLayer(nn.Module):
     """Masked self-attention, cross-attention on the encoder's output, feed-forward; pre-LN.
 
+    Always pre-LN with the exact GELU: a config asking for ``norm_first=False`` or another
+    ``hidden_act`` is refused. Equal to ``torch.nn.TransformerDecoderLayer(norm_first=True,
+    activation="gelu", batch_first=True)`` holding the same weights (``tests/test_decoder.py``).
+
     ``forward(x [B, Lt, d], memory [B, Ls, d], src_mask, tgt_mask)`` -> ``[B, Lt, d]``. In the
     cross-attention the queries come from the decoder (``x``) and the keys and values from
     ``memory``: each target position asks which source positions it needs. ``self_cache`` and
@@ -50,6 +54,12 @@ class TransformerDecoderLayer(nn.Module):
 
     def __init__(self, config):
         super().__init__()
+        if getattr(config, "norm_first", True) is not True:
+            raise ValueError("TransformerDecoderLayer is pre-LN only; config.norm_first=False (post-LN) "
+                             "is not built: leave norm_first unset or set it to True")
+        if getattr(config, "hidden_act", "gelu") != "gelu":
+            raise ValueError(f"TransformerDecoderLayer's feed-forward uses the exact GELU only, got "
+                             f"hidden_act={config.hidden_act!r}: leave hidden_act at 'gelu'")
         self.self_attention = MultiHeadAttention(config)
         self.cross_attention = MultiHeadAttention(config)
         self.feed_forward = FeedForward(config)
@@ -144,6 +154,23 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 2, d_model: int = 512, d
     return model
 
 
+def _check_search(src, src_mask, max_len, beam_size=1, alpha=0.0) -> None:
+    """The preconditions greedy_decode and beam_search share, checked before any work."""
+    if not (isinstance(src, torch.Tensor) and src.dim() == 2 and src.shape[1] > 0):
+        shape = tuple(src.shape) if isinstance(src, torch.Tensor) else type(src).__name__
+        raise ValueError(f"src must be token ids of shape [B, Ls] with Ls >= 1, got {shape}")
+    if src_mask is not None and tuple(src_mask.shape) != (src.shape[0], 1, src.shape[1]):
+        raise ValueError(f"src_mask must have shape [B, 1, Ls] = {(src.shape[0], 1, src.shape[1])}, "
+                         f"got {tuple(src_mask.shape)}: build it as (src != PAD).unsqueeze(1)")
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"max_len counts the start symbol too and must be a whole number >= 1, got {max_len!r}")
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be a whole number >= 1 (1 is greedy decoding), got {beam_size!r}")
+    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha, the length penalty's exponent, must be a finite number >= 0 "
+                         f"(0: no penalty), got {alpha!r}")
+
+
 @torch.no_grad()
 def greedy_decode(model, src, src_mask, max_len: int, start_symbol: int, use_cache: bool = False) -> torch.Tensor:
     """Pick the most probable next token, step by step: ``[B, max_len]``, starting with ``start_symbol``.
@@ -152,6 +179,7 @@ def greedy_decode(model, src, src_mask, max_len: int, start_symbol: int, use_cac
     and values of the earlier ones (chapter 15); the cross-attention's keys and values of the
     memory are computed once. The tokens are the same either way.
     """
+    _check_search(src, src_mask, max_len)
     memory = model.encode(src, src_mask)
     ys = torch.full((src.shape[0], 1), start_symbol, dtype=torch.long, device=src.device)
     cache = model.new_cache(capacity=max_len - 1) if use_cache else None
@@ -200,6 +228,10 @@ def beam_search(model, src, src_mask, max_len: int, start_symbol: int, beam_size
     (shorter items padded with ``end_symbol``), and, with ``return_scores``, each one's summed
     log-probability ``[B]`` (not divided by the penalty).
     """
+    _check_search(src, src_mask, max_len, beam_size, alpha)
+    vocab = model.generator.proj.out_features
+    if end_symbol is not None and not 0 <= end_symbol < vocab:
+        raise ValueError(f"end_symbol {end_symbol} is not a token of the target vocabulary [0, {vocab})")
     B, k, device = src.shape[0], beam_size, src.device
     memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)            # [B*k, Ls, d]
     mask = None if src_mask is None else src_mask.repeat_interleave(k, dim=0)
@@ -213,7 +245,6 @@ def beam_search(model, src, src_mask, max_len: int, start_symbol: int, beam_size
             break
         hidden = model.decode(memory, mask, beams.flatten(0, 1))[:, -1]
         next_log_p = model.generator(hidden).view(B, k, -1)                   # [B, k, V]
-        vocab = next_log_p.shape[-1]
         if end_symbol is not None:  # a finished beam may only "continue" with end_symbol, at no cost
             next_log_p[finished] = -math.inf
             next_log_p[finished, end_symbol] = 0.0
