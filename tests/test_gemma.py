@@ -158,3 +158,69 @@ def test_rolling_cache_after_a_long_prompt_and_in_chunks(ported):
 def test_positions_that_do_not_fit_are_a_clear_error(ported):
     with pytest.raises(ValueError, match="max_position_embeddings"):
         ported(torch.zeros(1, 65, dtype=torch.long))
+
+
+# --- the port in float64: every option off its default, every parameter drawn at random --------
+
+FLOAT64_TOLERANCE = 1e-10
+OFF_DEFAULT = dict(vocab_size=61, hidden_size=40, intermediate_size=72, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=12, query_pre_attn_scalar=20, sliding_window=3,
+                   max_position_embeddings=48, rms_norm_eps=1e-3,
+                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+                                    "full_attention": {"rope_type": "default", "rope_theta": 20000.0}},
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+                   attention_bias=True, tie_word_embeddings=False, final_logit_softcapping=5.0,
+                   bos_token_id=None, eos_token_id=None, pad_token_id=None)
+IDS64 = torch.randint(0, 61, (2, 30), generator=torch.Generator().manual_seed(4))
+
+
+def float64_reference(**changes):
+    torch.manual_seed(5)
+    model = Gemma3ForCausalLM(Gemma3TextConfig(**{**OFF_DEFAULT, **changes})).double().eval()
+    with torch.no_grad():  # every parameter random: norm weights and biases included
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0, 1 / math.sqrt(parameter.shape[-1]))
+            else:
+                parameter.uniform_(-0.5, 0.5)
+    return model
+
+
+def test_port_equals_transformers_in_float64_with_every_option_off_its_default():
+    reference = float64_reference()
+    ours = Gemma.from_transformers(reference)
+    assert all(p.dtype == torch.float64 for p in ours.parameters())  # the port keeps the dtype
+    for name, parameter in reference.named_parameters():
+        assert not torch.all(parameter == 0) and not torch.all(parameter == 1), name
+    assert gap_on(ours, reference, IDS64) < FLOAT64_TOLERANCE
+    assert cached_gap(ours, IDS64) < FLOAT64_TOLERANCE  # the rolling cache, in float64 too
+
+
+@pytest.mark.parametrize("kind", ["exact sqrt(hidden)", "weights rounded to float32", "attention bias dropped"])
+def test_float64_check_catches_what_float32_cannot(kind):
+    """Mistakes below float32's resolution, or a bias left at zero, show in float64."""
+    reference = float64_reference()
+    ours = Gemma.from_transformers(reference)
+    if kind == "exact sqrt(hidden)":  # transformers keeps sqrt(hidden) as a float32 buffer
+        ours.embed_scale = OFF_DEFAULT["hidden_size"] ** 0.5
+    elif kind == "weights rounded to float32":
+        ours = ours.float().double()
+    else:
+        with torch.no_grad():
+            ours.layers[2].self_attn.o_proj.bias.zero_()
+    assert gap_on(ours, reference, IDS64) > 1e3 * FLOAT64_TOLERANCE
+
+
+def test_port_refuses_rotary_scaling_and_bidirectional_attention():
+    """Scope: the default rotation only. transformers applies a rope_scaling (as the released 128K
+    models carry) to the global layers alone; the port refuses it, naming the kind of layer."""
+    small = dict(OFF_DEFAULT, rope_parameters=None)
+    for scaling in ({"rope_type": "linear", "factor": 8.0},
+                    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 12}):
+        model = Gemma3ForCausalLM(Gemma3TextConfig(**small, rope_scaling=scaling))
+        assert model.config.rope_parameters["full_attention"]["rope_type"] == scaling["rope_type"]
+        assert model.config.rope_parameters["sliding_attention"]["rope_type"] == "default"
+        with pytest.raises(ValueError, match=f"rotary scaling '{scaling['rope_type']}' of the full_attention layers"):
+            Gemma.from_transformers(model)
+    with pytest.raises(ValueError, match="use_bidirectional_attention"):
+        Gemma.from_transformers(Gemma3ForCausalLM(Gemma3TextConfig(**small, use_bidirectional_attention=True)))

@@ -121,3 +121,65 @@ def test_a_ring_that_forgets_its_positions_is_caught(monkeypatch):
     monkeypatch.setattr(RingBuffer, "append", assumes_order)
     gap, _ = ring_attention_gap()
     assert gap > 1e-2
+
+
+# --- learned sink logits (gpt-oss) ----------------------------------------------------------------
+
+def _sink_inputs(dtype=torch.float64):
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 3, 10, 6, generator=g, dtype=dtype) for _ in range(3))
+    sinks = torch.randn(3, generator=g, dtype=dtype)
+    positions = torch.arange(10)
+    mask = position_mask(positions, positions, 3).expand(2, 10, 10).clone()
+    mask[0, 4] = False  # a query with no key
+    return q, k, v, sinks, mask
+
+
+def _gpt_oss(q, k, v, sinks, mask):
+    import math
+    import types
+
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+    module = types.SimpleNamespace(sinks=sinks, num_key_value_groups=1, training=False)
+    additive = torch.zeros(mask.shape[0], 1, *mask.shape[1:], dtype=q.dtype).masked_fill(~mask.unsqueeze(1), -math.inf)
+    out, weights = eager_attention_forward(module, q, k, v, additive, scaling=q.shape[-1] ** -0.5)
+    return out.transpose(1, 2), weights
+
+
+def test_sink_attention_equals_gpt_oss_in_float64():
+    from tfcore.sliding import sink_attention
+    q, k, v, sinks, mask = _sink_inputs()
+    ours, weights = sink_attention(q, k, v, sinks, mask)
+    theirs, their_weights = _gpt_oss(q, k, v, sinks, mask)
+    assert (ours - theirs).abs().max() < 1e-12 and (weights - their_weights).abs().max() < 1e-12
+    assert torch.equal(ours[0, :, 4], torch.zeros(3, 6))  # no key: zeros, not NaN
+    assert (weights.sum(-1) < 1).all()
+    # a sink logit of -inf is plain attention
+    plain, _ = tfcore.scaled_dot_product_attention(q, k, v, mask.unsqueeze(1))
+    none, _ = sink_attention(q, k, v, torch.full((3,), float("-inf"), dtype=torch.float64), mask)
+    assert (none - plain).abs().max() < 1e-12
+
+
+def test_sink_attention_planted_bugs_are_caught():
+    """The sink's weight kept in the output (a softmax over keys only), and the sinks of the wrong heads."""
+    from tfcore.sliding import sink_attention
+    q, k, v, sinks, mask = _sink_inputs()
+    theirs, _ = _gpt_oss(q, k, v, sinks, mask)
+    keys_only, _ = sink_attention(q, k, v, torch.full((3,), float("-inf"), dtype=torch.float64), mask)
+    swapped, _ = sink_attention(q, k, v, sinks.flip(0), mask)
+    live = mask.any(-1)[:, None, :, None]
+    assert ((keys_only - theirs) * live).abs().max() > 1e-3
+    assert (swapped - theirs).abs().max() > 1e-3
+
+
+def test_sink_attention_bad_input_is_a_clear_error():
+    from tfcore.sliding import sink_attention
+    q, k, v, sinks, mask = _sink_inputs()
+    with pytest.raises(ValueError, match="one logit per head"):
+        sink_attention(q, k, v, sinks[:2], mask)
+    with pytest.raises(ValueError, match="repeat the key/value heads"):
+        sink_attention(q, k[:, :1], v[:, :1], sinks, mask)
+    with pytest.raises(ValueError, match="must be bool"):
+        sink_attention(q, k, v, sinks, mask.long())
+    with pytest.raises(ValueError, match=r"\[B, H, L, d\]"):
+        sink_attention(q[0], k, v, sinks)

@@ -177,7 +177,9 @@ class Gemma(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.embed_scale = config.hidden_size ** 0.5
+        # sqrt(hidden) rounded to float32, as transformers keeps it (a float32 buffer, upcast in a
+        # float64 model): the exact value differs by about 1e-8 relative, which a float64 check sees
+        self.embed_scale = torch.tensor(config.hidden_size ** 0.5, dtype=torch.float32).item()
         self.register_buffer("global_inv_freq", rotary_frequencies(config.head_dim, config.rope_theta), persistent=False)
         self.register_buffer("local_inv_freq", rotary_frequencies(config.head_dim, config.rope_local_base_freq),
                              persistent=False)
@@ -226,7 +228,8 @@ class Gemma(nn.Module):
         for kind in (SLIDING, FULL):
             if rope[kind].get("rope_type", "default") != "default":
                 raise ValueError(f"rotary scaling {rope[kind]['rope_type']!r} of the {kind} layers is not "
-                                 f"implemented in tfcore.Gemma; it supports the default rotation")
+                                 f"implemented in tfcore.Gemma, which covers the default rotation only (rope_type 'default' in "
+                                 f"both kinds of layer): compare such a model with transformers itself")
         config = GemmaConfig(vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
                              intermediate_size=hf.intermediate_size, num_hidden_layers=hf.num_hidden_layers,
                              num_attention_heads=hf.num_attention_heads, num_key_value_heads=hf.num_key_value_heads,
@@ -237,7 +240,7 @@ class Gemma(nn.Module):
                              layer_types=list(hf.layer_types), final_logit_softcapping=hf.final_logit_softcapping,
                              attn_logit_softcapping=None,  # read by transformers' config, never applied
                              tie_word_embeddings=hf.tie_word_embeddings, attention_bias=hf.attention_bias)
-        gemma = cls(config)
+        gemma = cls(config).to(next(model.parameters()).dtype)  # keep the reference's dtype
         state = {name.removeprefix("model."): tensor for name, tensor in model.state_dict().items()
                  if "rotary_emb" not in name}
         gemma.load_state_dict(state, strict=True)

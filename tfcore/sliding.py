@@ -149,3 +149,45 @@ class RollingKVCache:
             else:
                 total += sum(t.numel() * t.element_size() for t in (layer.keys, layer.values) if t is not None)
         return total
+
+
+def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor,
+                   mask: torch.Tensor | None = None, scale: float | None = None):
+    """Attention with a learned *sink logit* per head, as gpt-oss has it (``transformers`` 5.23,
+    ``models/gpt_oss/modeling_gpt_oss.py``, ``eager_attention_forward``).
+
+    Each row of scores gets one more entry, the head's sink logit ``sinks[h]``; the softmax runs over
+    the keys and the sink together, and the sink's weight is dropped. A row's weights on its keys
+    then sum to less than 1: the head may attend to *nothing*. A row whose keys are all masked puts
+    all of its weight on the sink and returns zeros (zeros too with a sink of ``-inf``, which is
+    plain attention).
+
+    ``q [B, H, Lq, d]``, ``k`` and ``v [B, H, Lk, d]`` (key/value heads already repeated to ``H``),
+    ``sinks [H]``, ``mask`` bool broadcastable to ``[B, H, Lq, Lk]`` (True = may attend; a
+    ``[B, Lq, Lk]`` or ``[1, Lq, Lk]`` mask as ``position_mask`` builds is applied to every head).
+    ``scale`` defaults to ``1/sqrt(d)``. Returns ``(output [B, H, Lq, d], weights [B, H, Lq, Lk])``.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k and v must be [B, H, L, d]; got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
+        raise ValueError(f"q has {q.shape[1]} heads but k and v have {k.shape[1]} and {v.shape[1]}: "
+                         f"repeat the key/value heads first (k.repeat_interleave(group, dim=1))")
+    if sinks.shape != (q.shape[1],):
+        raise ValueError(f"sinks must hold one logit per head, shape ({q.shape[1]},); got {tuple(sinks.shape)}")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise ValueError(f"mask must be bool (True = may attend), got {mask.dtype}")
+        if mask.dim() == 3:
+            mask = mask.unsqueeze(1)
+        scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    combined = torch.cat([scores, sink], dim=-1)
+    shift = combined.amax(dim=-1, keepdim=True)
+    shift = shift.masked_fill(shift == float("-inf"), 0.0)  # a -inf sink and no key: exp(-inf) = 0
+    exp = torch.exp(combined - shift)
+    total = exp.sum(dim=-1, keepdim=True)
+    weights = (exp / total.masked_fill(total == 0, 1.0))[..., :-1]  # nothing at all: zeros, not NaN
+    return weights @ v, weights
