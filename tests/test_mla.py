@@ -231,3 +231,75 @@ def test_planted_cache_of_expanded_keys_is_caught(monkeypatch):
     monkeypatch.setattr(DeepseekV3, "new_cache", lambda self, capacity=None: tfcore.KVCache(len(self.layers)))
     assert cached_logits_gap(ours, tokens) < 1e-5  # still exact: only the bytes give it away
     assert cache_bytes_problem(ours, tokens) is not None
+
+
+# --- the port in float64: every option off its default, every parameter drawn at random --------
+
+FLOAT64_TOLERANCE = 1e-10
+OFF_DEFAULT = dict(vocab_size=61, hidden_size=40, intermediate_size=56, num_hidden_layers=3, num_attention_heads=4,
+                   num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=20, qk_nope_head_dim=6, qk_rope_head_dim=4,
+                   v_head_dim=10, first_k_dense_replace=3, max_position_embeddings=48, rms_norm_eps=1e-3,
+                   rope_parameters={"rope_type": "default", "rope_theta": 500.0}, rope_interleave=False,
+                   hidden_act="gelu", attention_bias=True, tie_word_embeddings=True,
+                   bos_token_id=None, eos_token_id=None)
+
+
+def float64_reference(**changes):
+    torch.manual_seed(6)
+    model = DeepseekV3ForCausalLM(HFConfig(**{**OFF_DEFAULT, **changes})).double().eval()
+    with torch.no_grad():  # every parameter random: norm weights and biases included
+        for name, parameter in model.named_parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0, 1 / parameter.shape[-1] ** 0.5)
+            elif "norm" in name:
+                parameter.uniform_(0.5, 1.5)
+            else:  # biases
+                parameter.uniform_(-0.5, 0.5)
+    return model
+
+
+IDS64 = torch.randint(0, 61, (2, 24), generator=torch.Generator().manual_seed(4))
+
+
+@pytest.mark.parametrize("absorbed", [False, True])
+@pytest.mark.parametrize("q_lora_rank", [24, None])
+def test_port_equals_transformers_in_float64_with_every_option_off_its_default(absorbed, q_lora_rank):
+    theirs = float64_reference(q_lora_rank=q_lora_rank)
+    ours = DeepseekV3.from_transformers(theirs)
+    assert all(p.dtype == torch.float64 for p in ours.parameters())  # the port keeps the dtype
+    for name, parameter in theirs.named_parameters():
+        assert not torch.all(parameter == 0) and not torch.all(parameter == 1), name
+    assert logit_gap(ours, theirs, IDS64, absorbed=absorbed) < FLOAT64_TOLERANCE
+    assert cached_logits_gap(ours, IDS64, absorbed=absorbed) < FLOAT64_TOLERANCE
+
+
+@pytest.mark.parametrize("kind", ["weights rounded to float32", "o_proj bias dropped", "q_a_layernorm at 1",
+                                  "latent norms read rms_norm_eps"])
+def test_float64_check_catches_what_float32_cannot(kind):
+    theirs = float64_reference()
+    ours = DeepseekV3.from_transformers(theirs)
+    with torch.no_grad():
+        if kind == "weights rounded to float32":
+            ours = ours.float().double()
+        elif kind == "o_proj bias dropped":
+            ours.layers[1].self_attn.o_proj.bias.zero_()
+        elif kind == "q_a_layernorm at 1":
+            ours.layers[2].self_attn.q_a_layernorm.weight.fill_(1.0)
+        else:  # what tfcore.mla did before the float64 check: transformers uses 1e-6 there
+            for layer in ours.layers:
+                layer.self_attn.q_a_layernorm.eps = layer.self_attn.kv_a_layernorm.eps = OFF_DEFAULT["rms_norm_eps"]
+    assert logit_gap(ours, theirs, IDS64) > 1e3 * FLOAT64_TOLERANCE
+
+
+def test_port_refuses_yarn_and_names_its_softmax_scale_correction():
+    """Scope: the default rotation only. The released DeepSeek-V3 uses YaRN (factor 40, mscale_all_dim 1),
+    under which transformers multiplies the softmax scale by mscale**2 = (0.1 ln 40 + 1)**2."""
+    yarn = {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32,
+            "beta_slow": 1, "original_max_position_embeddings": 16, "rope_theta": 10000.0}
+    with torch.device("meta"):
+        attention = DeepseekV3Attention(HFConfig(**{**SIZES, "rope_parameters": yarn}), layer_idx=0)
+    mscale = 0.1 * torch.log(torch.tensor(40.0, dtype=torch.float64)).item() + 1
+    assert abs(attention.scaling - mscale ** 2 / 24 ** 0.5) < 1e-12  # not 1/sqrt(24)
+    model = DeepseekV3ForCausalLM(HFConfig(**{**SIZES, "rope_parameters": yarn}))
+    with pytest.raises(ValueError, match="rotary scaling 'yarn' is not built in tfcore.mla.*mscale"):
+        DeepseekV3.from_transformers(model)

@@ -12,7 +12,10 @@ The *absorbed* form never expands the cache: the key up-projection ``W_UK`` is a
 
 Modules carry the names of transformers' ``DeepseekV3ForCausalLM`` (without ``model.``), so its
 state dict loads into ``DeepseekV3`` key for key. Only dense layers (no mixture of experts) and the
-default rotary frequencies are built here.
+default rotary frequencies are built here: ``from_transformers`` refuses experts and any rotary
+scaling, YaRN included (the released DeepSeek-V3 uses it, and transformers then multiplies the
+softmax scale by ``mscale**2``). Every other option is covered, checked in float64 within 1e-10
+(tests/test_mla.py).
 
 Shapes: ``B`` batch, ``L`` new positions, ``S`` all positions (cached and new), ``H`` heads,
 ``r = kv_lora_rank``; queries ``[B, H, L, qk_nope_head_dim + qk_rope_head_dim]``, latents
@@ -70,6 +73,13 @@ class DeepseekV3Config:
         """``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``: the width of the full query·key dot
         product (DeepSeek-V2, eq. 19), in both the expanded and the absorbed form."""
         return self.qk_head_dim ** -0.5
+
+
+# transformers 5.23 builds the two latent norms (q_a_layernorm, kv_a_layernorm) with
+# DeepseekV3RMSNorm's default epsilon, whatever rms_norm_eps says; the block norms read
+# rms_norm_eps. Checked in float64 (tests/test_mla.py): with rms_norm_eps = 1e-3, reading it in the
+# latent norms too moves the logits by about 5e-4.
+LATENT_NORM_EPS = 1e-6
 
 
 def deinterleave(x: torch.Tensor) -> torch.Tensor:
@@ -195,10 +205,10 @@ class MultiHeadLatentAttention(nn.Module):
             self.q_proj = nn.Linear(hidden, q_width, bias=False)
         else:
             self.q_a_proj = nn.Linear(hidden, config.q_lora_rank, bias=bias)
-            self.q_a_layernorm = RMSNorm(config.q_lora_rank, config.rms_norm_eps)
+            self.q_a_layernorm = RMSNorm(config.q_lora_rank, LATENT_NORM_EPS)
             self.q_b_proj = nn.Linear(config.q_lora_rank, q_width, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(hidden, config.kv_lora_rank + config.qk_rope_head_dim, bias=bias)
-        self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, config.rms_norm_eps)
+        self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, LATENT_NORM_EPS)
         self.kv_b_proj = nn.Linear(config.kv_lora_rank, self.num_heads * (self.nope + self.v_dim), bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.v_dim, hidden, bias=bias)
         self.scaling = config.softmax_scale
@@ -319,8 +329,10 @@ class DeepseekV3(nn.Module):
                              f"({hf.num_hidden_layers}) for a dense model")
         rope = dict(getattr(hf, "rope_parameters", None) or {})
         if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"rotary scaling {rope['rope_type']!r} (with its softmax-scale correction) is not "
-                             f"built in tfcore.mla; use the default rope_parameters")
+            raise ValueError(f"rotary scaling {rope['rope_type']!r} is not built in tfcore.mla (nor YaRN's "
+                             f"softmax-scale correction, which multiplies the scale by mscale**2 in transformers): "
+                             f"it covers the default rotation only; load a configuration with rope_type "
+                             f"'default', or compare such a model with transformers itself")
         config = DeepseekV3Config(
             vocab_size=hf.vocab_size, max_position_embeddings=hf.max_position_embeddings, hidden_size=hf.hidden_size,
             num_hidden_layers=hf.num_hidden_layers, num_attention_heads=hf.num_attention_heads,
@@ -329,7 +341,7 @@ class DeepseekV3(nn.Module):
             hidden_act=hf.hidden_act, rms_norm_eps=hf.rms_norm_eps, rope_theta=rope.get("rope_theta", 10000.0),
             rope_interleave=bool(hf.rope_interleave), attention_bias=hf.attention_bias,
             tie_word_embeddings=hf.tie_word_embeddings)
-        ours = cls(config)
+        ours = cls(config).to(next(model.parameters()).dtype)  # keep the reference's dtype
         state = {name.removeprefix("model."): tensor for name, tensor in model.state_dict().items()
                  if "rotary_emb" not in name}
         ours.load_state_dict(state, strict=True)
