@@ -116,6 +116,40 @@ def test_train_seq2seq_rejects_bad_options(small):
         train_seq2seq(small, src, tgt, steps=1, schedule="cosine", log=None)
     with pytest.raises(ValueError, match=r"label_smoothing must be in \[0, 1\)"):
         train_seq2seq(small, src, tgt, steps=1, label_smoothing=1.0, log=None)
+    for option in ({"steps": 0}, {"batch_size": 0}, {"log_every": 0}, {"steps": 2.5}):
+        name = next(iter(option))
+        with pytest.raises(ValueError, match=f"{name} must be a whole number >= 1"):
+            train_seq2seq(small, src, tgt, **({"steps": 1} | option), log=None)
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        train_seq2seq(small, src, tgt, steps=1, lr=0.0, log=None)
+    with pytest.raises(ValueError, match="must hold the same N >= 1 pairs"):
+        train_seq2seq(small, src, torch.cat([tgt, tgt]), steps=1, log=None)
+    with pytest.raises(ValueError, match="must hold the same N >= 1 pairs"):
+        train_seq2seq(small, src, tgt[:, :1], steps=1, log=None)
+
+
+def test_digit_reversal_rejects_bad_sizes():
+    from tfcore.training import digit_reversal
+
+    with pytest.raises(ValueError, match="min_len \\(5\\) must not exceed max_len \\(4\\)"):
+        digit_reversal(3, min_len=5, max_len=4)
+    for option in ({"n": 0}, {"min_len": 0}, {"max_len": 2.0}):
+        with pytest.raises(ValueError, match=f"{next(iter(option))} must be a whole number >= 1"):
+            digit_reversal(**({"n": 3} | option))
+
+
+def test_translation_helpers_reject_bad_input():
+    with pytest.raises(ValueError, match=r"low \(9\) must not exceed high \(1\)"):
+        split_numbers(9, 1, validation=0, test=0)
+    with pytest.raises(ValueError, match="test must be a whole number >= 0"):
+        split_numbers(1, 99, validation=1, test=-1)
+    vocab = Vocab(["elf"], characters)
+    with pytest.raises(ValueError, match="id 40 is not in this vocabulary of 7 ids"):
+        vocab.decode([4, 40])
+    with pytest.raises(ValueError, match="batch needs at least one text"):
+        vocab.batch([])
+    with pytest.raises(ValueError, match="no hypotheses to score"):
+        translation_scores([], [])
 
 
 def test_length_penalty():

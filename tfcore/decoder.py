@@ -229,9 +229,6 @@ def beam_search(model, src, src_mask, max_len: int, start_symbol: int, beam_size
     log-probability ``[B]`` (not divided by the penalty).
     """
     _check_search(src, src_mask, max_len, beam_size, alpha)
-    vocab = model.generator.proj.out_features
-    if end_symbol is not None and not 0 <= end_symbol < vocab:
-        raise ValueError(f"end_symbol {end_symbol} is not a token of the target vocabulary [0, {vocab})")
     B, k, device = src.shape[0], beam_size, src.device
     memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)            # [B*k, Ls, d]
     mask = None if src_mask is None else src_mask.repeat_interleave(k, dim=0)
@@ -245,6 +242,9 @@ def beam_search(model, src, src_mask, max_len: int, start_symbol: int, beam_size
             break
         hidden = model.decode(memory, mask, beams.flatten(0, 1))[:, -1]
         next_log_p = model.generator(hidden).view(B, k, -1)                   # [B, k, V]
+        vocab = next_log_p.shape[-1]
+        if end_symbol is not None and not 0 <= end_symbol < vocab:
+            raise ValueError(f"end_symbol {end_symbol} is not a token of the target vocabulary [0, {vocab})")
         if end_symbol is not None:  # a finished beam may only "continue" with end_symbol, at no cost
             next_log_p[finished] = -math.inf
             next_log_p[finished, end_symbol] = 0.0

@@ -143,6 +143,11 @@ def digit_reversal(n: int, min_len: int = 4, max_len: int = 10, seed: int = 0):
 
     ``src`` is the digits then PAD; ``tgt`` is BOS, the reversed digits, EOS, then PAD.
     """
+    for name, value in (("n", n), ("min_len", min_len), ("max_len", max_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if min_len > max_len:
+        raise ValueError(f"min_len ({min_len}) must not exceed max_len ({max_len})")
     generator = torch.Generator().manual_seed(seed)
     lengths = torch.randint(min_len, max_len + 1, (n,), generator=generator)
     digits = torch.randint(3, 3 + DIGITS, (n, max_len), generator=generator)
@@ -209,6 +214,15 @@ def train_seq2seq(model, src, tgt, steps: int, lr: float = 1e-3, batch_size: int
         raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    for name, value in (("steps", steps), ("batch_size", batch_size), ("log_every", log_every)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr!r}")
+    if src.dim() != 2 or tgt.dim() != 2 or len(src) != len(tgt) or len(src) == 0 or tgt.shape[1] < 2:
+        raise ValueError(f"src [N, Ls] and tgt [N, Lt] must hold the same N >= 1 pairs, with Lt >= 2 "
+                         f"(BOS and at least one token to predict); got {tuple(src.shape)} and "
+                         f"{tuple(tgt.shape)}")
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
     rate = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, steps, warmup, schedule))
     order = torch.Generator().manual_seed(shifted(seed))

@@ -44,6 +44,11 @@ def split_numbers(low: int = 1, high: int = 9999, validation: int = 500, test: i
     Every number is in exactly one split, so the test numbers' words were never seen as a whole
     in training: only their parts were.
     """
+    for name, value in (("validation", validation), ("test", test)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+    if low > high:
+        raise ValueError(f"low ({low}) must not exceed high ({high})")
     numbers = list(range(low, high + 1))
     if validation + test >= len(numbers):
         raise ValueError(f"validation + test ({validation + test}) must be fewer than the {len(numbers)} numbers")
@@ -92,6 +97,9 @@ class Vocab:
         for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids):
             if i == EOS:
                 break
+            if not 0 <= i < len(self.tokens):
+                raise ValueError(f"id {i} is not in this vocabulary of {len(self.tokens)} ids: decode ids "
+                                 f"made by this Vocab (or a model whose output size is len(vocab))")
             if i >= len(SPECIALS):
                 out.append(self.tokens[i])
             elif i == UNK:
@@ -101,6 +109,8 @@ class Vocab:
     def batch(self, texts, with_bos: bool = True) -> torch.Tensor:
         """``[N, longest + 2]`` ids, PAD on the right; without BOS (``with_bos=False``) for a source."""
         encoded = [self.encode(t)[0 if with_bos else 1:] for t in texts]
+        if not encoded:
+            raise ValueError("batch needs at least one text, got none")
         out = torch.full((len(encoded), max(map(len, encoded))), PAD)
         for row, ids in enumerate(encoded):
             out[row, :len(ids)] = torch.tensor(ids)
@@ -119,6 +129,8 @@ def translation_scores(hypotheses: list[str], references: list[str]) -> dict[str
 
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+    if not references:
+        raise ValueError("no hypotheses to score: pass at least one hypothesis and its reference")
     return {"BLEU": sacrebleu.corpus_bleu(hypotheses, [references]).score,
             "chrF": sacrebleu.corpus_chrf(hypotheses, [references]).score,
             "exact": sum(h == r for h, r in zip(hypotheses, references)) / len(references)}
