@@ -50,9 +50,12 @@ def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:
 class Embeddings(nn.Module):
     """Token + learned position (+ token type) embeddings, then LayerNorm (post-LN only) and dropout.
 
-    BERT (post-LN, ``config.norm_first=False``) normalises its embeddings, because its first
-    layer adds attention to them before any LayerNorm. A pre-LN layer normalises its own input
-    first, so a LayerNorm here would normalise the same vector twice: pre-LN has none.
+    In the post-LN arrangement (``config.norm_first=False``) the embeddings end with a LayerNorm,
+    as BERT's do, so that BERT's weights load one to one (chapter 7). That LayerNorm is BERT's
+    choice, not a consequence of post-LN: the original post-LN Transformer (Vaswani et al.,
+    2017) has none, and the BERT paper gives no reason for it. The pre-LN arrangement, like
+    GPT-2, has none: there the first layer's ``layer_norm_1`` already normalises the embeddings
+    on their way into attention.
 
     ``forward(input_ids [B, L], token_type_ids [B, L] = zeros)`` -> ``[B, L, hidden]``.
     Token types (sentence A / B) are BERT's; a config with ``type_vocab_size=0`` has none.
