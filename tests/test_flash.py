@@ -204,3 +204,52 @@ def test_bad_input_gets_a_clear_error(call, message):
     q = torch.randn(B, H, L, D)
     with pytest.raises(ValueError, match=message):
         call(q)
+
+
+# --- a sliding window in the tiled loop (chapter 18) ----------------------------------------------
+
+@pytest.mark.parametrize("length_q, length_k, window, block_q, block_k",
+                         [(37, 37, 5, 8, 4), (40, 40, 16, 16, 16), (23, 23, 1, 4, 8), (9, 30, 7, 4, 4)])
+def test_window_equals_the_sliding_window_mask_forward_and_backward(length_q, length_k, window, block_q, block_k):
+    from tfcore.sliding import sliding_window_mask
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 3, length_q, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, 3, length_k, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    mask = sliding_window_mask(length_q, window, past=length_k - length_q)  # [1, Lq, Lk]
+    ours = flash_attention(q, k, v, causal=True, window=window, block_q=block_q, block_k=block_k)
+    plain, _ = tfcore.scaled_dot_product_attention(q, k, v, mask)
+    assert (ours - plain).abs().max() < 1e-12
+    do = torch.randn_like(ours)
+    for a, b in zip(torch.autograd.grad(ours, (q, k, v), do), torch.autograd.grad(plain, (q, k, v), do)):
+        assert (a - b).abs().max() < 1e-12
+
+
+def test_window_skips_the_blocks_left_of_the_band():
+    from tfcore.flash import _key_blocks
+    length, block, window = 1024, 64, 256
+    visited = [list(_key_blocks(True, i0, i0 + block, length, block, 0, window)) for i0 in range(0, length, block)]
+    # every visited block holds a key some query of the block may see, and no other block does
+    for i0, starts in zip(range(0, length, block), visited):
+        needed = [j0 for j0 in range(0, length, block)
+                  if any(q - window < key <= q for q in range(i0, i0 + block) for key in range(j0, j0 + block))]
+        assert starts == needed
+    assert sum(map(len, visited)) < 0.6 * sum(len(_key_blocks(True, i0, i0 + block, length, block, 0))
+                                               for i0 in range(0, length, block))
+
+
+def test_planted_window_skip_one_block_too_many_is_caught(monkeypatch):
+    from tfcore import flash as module
+    right = module._key_blocks
+    monkeypatch.setattr(module, "_key_blocks", lambda *a: right(*a)[1:] if a[-1] is not None else right(*a))
+    q, k, v = (torch.randn(1, 2, 40, 8, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    from tfcore.sliding import sliding_window_mask
+    plain, _ = tfcore.scaled_dot_product_attention(q, k, v, sliding_window_mask(40, 12))
+    assert (module.flash_attention(q, k, v, causal=True, window=12, block_q=8, block_k=8) - plain).abs().max() > 1e-3
+
+
+def test_window_bad_input_is_a_clear_error():
+    q = torch.randn(1, 1, 8, 4)
+    with pytest.raises(ValueError, match="causal=True"):
+        flash_attention(q, q, q, window=4)
+    with pytest.raises(ValueError, match="window must be a whole number"):
+        flash_attention(q, q, q, causal=True, window=0)

@@ -60,6 +60,16 @@ def online_softmax(scores: torch.Tensor, block_size: int = 64) -> torch.Tensor:
     return weights / l.masked_fill(l == 0, 1.0).unsqueeze(-1)  # a fully blocked row: 0 / 1 = 0
 
 
+def _check_window(window, causal):
+    if window is None:
+        return
+    if not causal:
+        raise ValueError("a sliding window needs causal=True (tfcore's local layers are causal)")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a whole number of positions >= 1 (the last `window` positions, "
+                         f"the query's own included, as transformers' sliding_window), got {window!r}")
+
+
 def _prepare(q, k, v, mask, block_q, block_k):
     """Check the inputs; return the mask as a bool view ``[B, H, Lq, Lk]`` (expanded, not copied) or None."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -87,27 +97,34 @@ def _prepare(q, k, v, mask, block_q, block_k):
     return _broadcast_mask(mask, torch.empty(scores_shape, device="meta")).to(q.device).expand(scores_shape)
 
 
-def _block_mask(mask, causal, i0, i1, j0, j1, offset, device):
+def _block_mask(mask, causal, i0, i1, j0, j1, offset, device, window=None):
     """The allowed entries of the score block (queries i0:i1, keys j0:j1), or None if all are allowed."""
     allowed = None
     if mask is not None:
         allowed = mask[:, :, i0:i1, j0:j1]
+    rows = torch.arange(i0, i1, device=device).unsqueeze(-1)
+    cols = torch.arange(j0, j1, device=device)
     if causal and j1 - 1 > i0 + offset:  # the block reaches above the diagonal: mask inside it
-        rows = torch.arange(i0, i1, device=device).unsqueeze(-1)
-        cols = torch.arange(j0, j1, device=device)
         below = cols <= rows + offset  # [Bq, Bk]
         allowed = below if allowed is None else allowed & below
+    if window is not None and j0 <= i1 - 1 + offset - window:  # it reaches left of the band
+        inside = cols > rows + offset - window  # the last `window` positions, the query's own included
+        allowed = inside if allowed is None else allowed & inside
     return allowed
 
 
-def _key_blocks(causal, i0, i1, length_k, block_k, offset):
+def _key_blocks(causal, i0, i1, length_k, block_k, offset, window=None):
     """The starts of the key blocks that query rows i0:i1 must visit (with causal: none wholly above
-    the diagonal, whose first key ``j0`` lies beyond the last query's reach ``i1 - 1 + offset``)."""
+    the diagonal, whose first key ``j0`` lies beyond the last query's reach ``i1 - 1 + offset``;
+    with a ``window``: none wholly left of the band, whose last key lies before the first query's
+    earliest key ``i0 + offset - window + 1``)."""
     end = length_k if not causal else min(length_k, i1 + offset)
-    return range(0, max(end, 0), block_k)
+    start = 0 if window is None else max(0, i0 + offset - window + 1) // block_k * block_k
+    return range(start, max(end, start), block_k)
 
 
-def flash_attention_forward(q, k, v, mask=None, causal: bool = False, block_q: int = 64, block_k: int = 64):
+def flash_attention_forward(q, k, v, mask=None, causal: bool = False, block_q: int = 64, block_k: int = 64,
+                            window: int | None = None):
     """Tiled attention: softmax(q kᵀ / √d) v, one ``[Bq, Bk]`` block of scores at a time.
 
     q ``[B, H, Lq, d]``, k ``[B, H, Lk, d]``, v ``[B, H, Lk, dv]``; ``mask`` (bool, True = may
@@ -115,8 +132,11 @@ def flash_attention_forward(q, k, v, mask=None, causal: bool = False, block_q: i
     head). Returns ``(o [B, H, Lq, dv], lse [B, H, Lq])``: ``lse`` is each row's log-sum-exp of the
     allowed scaled scores, ``+inf`` for a row with nothing allowed (so that ``exp(s - lse)`` is 0
     there). Computed in float32 for 16-bit inputs; ``o`` is returned in the input's dtype.
+    ``window`` (with ``causal=True``): each query sees only the last ``window`` positions, itself
+    included (``tfcore.sliding``'s convention), and key blocks wholly left of that band are skipped.
     """
     mask = _prepare(q, k, v, mask, block_q, block_k)
+    _check_window(window, causal)
     dtype = q.dtype
     work = torch.promote_types(dtype, torch.float32)
     q, k, v = q.to(work), k.to(work), v.to(work)
@@ -131,10 +151,10 @@ def flash_attention_forward(q, k, v, mask=None, causal: bool = False, block_q: i
         m = torch.full((batch, heads, i1 - i0), -math.inf, dtype=work, device=q.device)  # running max
         l = torch.zeros_like(m)                                          # running sum of exp(s - m)
         acc = torch.zeros(batch, heads, i1 - i0, v.shape[-1], dtype=work, device=q.device)  # unnormalised output
-        for j0 in _key_blocks(causal, i0, i1, length_k, block_k, offset):
+        for j0 in _key_blocks(causal, i0, i1, length_k, block_k, offset, window):
             j1 = min(j0 + block_k, length_k)
             s = q_i @ k[:, :, j0:j1].transpose(-2, -1)                   # [B, H, Bq, Bk]
-            allowed = _block_mask(mask, causal, i0, i1, j0, j1, offset, q.device)
+            allowed = _block_mask(mask, causal, i0, i1, j0, j1, offset, q.device, window)
             if allowed is not None:
                 s = s.masked_fill(~allowed, -math.inf)
             m_new = torch.maximum(m, s.amax(dim=-1))
@@ -151,7 +171,7 @@ def flash_attention_forward(q, k, v, mask=None, causal: bool = False, block_q: i
 
 
 def flash_attention_backward(do, q, k, v, o, lse, mask=None, causal: bool = False, block_q: int = 64,
-                             block_k: int = 64):
+                             block_k: int = 64, window: int | None = None):
     """Gradients of :func:`flash_attention_forward`, recomputing the weights block by block.
 
     ``do [B, H, Lq, dv]`` is the gradient of the output; ``o`` and ``lse`` are what the forward
@@ -160,6 +180,7 @@ def flash_attention_backward(do, q, k, v, o, lse, mask=None, causal: bool = Fals
     (Dao 2023, Algorithm 2). Returns ``(dq, dk, dv)`` in the inputs' dtypes.
     """
     mask = _prepare(q, k, v, mask, block_q, block_k)
+    _check_window(window, causal)
     work = torch.promote_types(q.dtype, torch.float32)
     dtypes = q.dtype, k.dtype, v.dtype
     q, k, v, o, do = (t.to(work) for t in (q, k, v, o, do))
@@ -171,11 +192,11 @@ def flash_attention_backward(do, q, k, v, o, lse, mask=None, causal: bool = Fals
         i1 = min(i0 + block_q, length_q)
         q_i, do_i = q[:, :, i0:i1], do[:, :, i0:i1]
         lse_i, d_i = lse[:, :, i0:i1].unsqueeze(-1), big_d[:, :, i0:i1].unsqueeze(-1)
-        for j0 in _key_blocks(causal, i0, i1, length_k, block_k, offset):
+        for j0 in _key_blocks(causal, i0, i1, length_k, block_k, offset, window):
             j1 = min(j0 + block_k, length_k)
             k_j, v_j = k[:, :, j0:j1], v[:, :, j0:j1]
             s = (q_i * scale) @ k_j.transpose(-2, -1)                    # [B, H, Bq, Bk]
-            allowed = _block_mask(mask, causal, i0, i1, j0, j1, offset, q.device)
+            allowed = _block_mask(mask, causal, i0, i1, j0, j1, offset, q.device, window)
             if allowed is not None:
                 s = s.masked_fill(~allowed, -math.inf)
             p = torch.exp(s - lse_i)                                     # the forward's weights, recomputed
@@ -192,27 +213,32 @@ class FlashAttentionFunction(torch.autograd.Function):
     log-sum-exp ``lse [B, H, Lq]`` (no ``Lq x Lk`` weights); backward recomputes the weights."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, causal, block_q, block_k):
-        o, lse = flash_attention_forward(q, k, v, mask, causal, block_q, block_k)
+    def forward(ctx, q, k, v, mask, causal, block_q, block_k, window=None):
+        o, lse = flash_attention_forward(q, k, v, mask, causal, block_q, block_k, window)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.mask, ctx.causal, ctx.blocks = mask, causal, (block_q, block_k)
+        ctx.mask, ctx.causal, ctx.blocks, ctx.window = mask, causal, (block_q, block_k), window
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward(do, q, k, v, o, lse, ctx.mask, ctx.causal, *ctx.blocks)
-        return dq, dk, dv, None, None, None, None
+        dq, dk, dv = flash_attention_backward(do, q, k, v, o, lse, ctx.mask, ctx.causal, *ctx.blocks,
+                                              window=ctx.window)
+        return dq, dk, dv, None, None, None, None, None
 
 
-def flash_attention(q, k, v, mask=None, causal: bool = False, block_q: int = 64, block_k: int = 64):
+def flash_attention(q, k, v, mask=None, causal: bool = False, block_q: int = 64, block_k: int = 64,
+                    window: int | None = None):
     """softmax(q kᵀ / √d) v by tiles, with the backward by recomputation: ``[B, H, Lq, dv]``.
 
     The same inputs and output as ``tfcore.scaled_dot_product_attention(q, k, v, mask,
     need_weights=False)[0]`` for 4-D inputs: q ``[B, H, Lq, d]``, k ``[B, H, Lk, d]``,
     v ``[B, H, Lk, dv]``, ``mask`` bool (True = may attend) broadcasting against ``[B, H, Lq, Lk]``;
     ``causal=True`` adds the causal mask (see the module's docstring for ``Lq != Lk``).
-    ``block_q`` and ``block_k`` are the rows of queries and of keys per block.
+    ``block_q`` and ``block_k`` are the rows of queries and of keys per block. ``window`` (with
+    ``causal=True``) makes the attention local, as ``tfcore.sliding.sliding_window_mask`` does, and
+    skips the key blocks left of the band as well as those above the diagonal (chapter 18).
     """
     _prepare(q, k, v, mask, block_q, block_k)  # fail early, before autograd
-    return FlashAttentionFunction.apply(q, k, v, mask, causal, block_q, block_k)
+    _check_window(window, causal)
+    return FlashAttentionFunction.apply(q, k, v, mask, causal, block_q, block_k, window)
