@@ -410,6 +410,17 @@ def test_generate_rejects_too_many_positions_and_bad_settings():
         tfcore.generate(model, torch.zeros(10, dtype=torch.long), 3)
 
 
+def test_generate_and_the_cache_refuse_what_they_cannot_use():
+    seq2seq = tfcore.make_model(13, 13, N=1, d_model=16, d_ff=32, h=2)
+    with pytest.raises(TypeError, match="greedy_decode"):  # no new_cache/max_positions of a decoder
+        tfcore.generate(seq2seq, torch.ones(1, 3, dtype=torch.long), 2)
+    cache = LayerCache()
+    with pytest.raises(ValueError, match="same B, H_kv and L_new"):  # a silent mix-up before
+        cache.append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 5, 4))
+    keys, values = cache.append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 6))  # d_v may differ
+    assert keys.shape == (1, 2, 3, 4) and values.shape == (1, 2, 3, 6)
+
+
 def test_next_token_probs_cuts_as_documented():
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
     plain = logits.softmax(-1)

@@ -35,6 +35,9 @@ class LayerCache:
 
     def append(self, keys: torch.Tensor, values: torch.Tensor):
         """Self-attention: add the new positions' ``[B, H_kv, L_new, d]``; return all of them."""
+        if keys.dim() != 4 or values.dim() != 4 or keys.shape[:3] != values.shape[:3]:
+            raise ValueError(f"keys {tuple(keys.shape)} and values {tuple(values.shape)} must be "
+                             f"[B, H_kv, L_new, d] with the same B, H_kv and L_new (d may differ)")
         if self.keys is not None and (keys.shape[:2] != self.keys.shape[:2] or keys.shape[-1] != self.keys.shape[-1]):
             raise ValueError(f"the cache holds keys of shape {tuple(self.keys.shape)} ([B, heads, L, d]); "
                              f"new keys of shape {tuple(keys.shape)} do not continue them: use one cache "

@@ -58,6 +58,10 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, use_cache: boo
     values of the earlier positions; ``use_cache=False`` runs the whole sequence at every step.
     The two give the same tokens.
     """
+    if not all(hasattr(model, name) for name in ("new_cache", "max_positions")):
+        raise TypeError(f"generate needs a decoder-only model with new_cache() and max_positions "
+                        f"(tfcore.GPT, tfcore.Llama, ...), got {type(model).__name__}; for an "
+                        f"encoder-decoder use tfcore.greedy_decode or tfcore.beam_search")
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
         shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise ValueError(f"input_ids must be a non-empty prompt of shape [B, L], got {shape}")
