@@ -1,4 +1,5 @@
-"""Mixture of experts (chapter 20): routers, top-k gates, experts, shared experts, load balancing.
+"""Mixture of experts (chapter 20): routers, top-k gates, experts, shared experts, load balancing,
+expert capacity.
 
 A *router* (``gate``, a matrix ``[E, hidden]``) scores the ``E`` experts for each token; the ``k``
 best run, and their outputs are summed weighted by the *gates*. Two orders of the gate computation
@@ -21,6 +22,7 @@ Shapes: ``N`` tokens (batch and positions flattened), ``E`` experts, ``k`` exper
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -108,6 +110,32 @@ def tokens_per_expert(indices: torch.Tensor, num_experts: int) -> torch.Tensor:
     return torch.bincount(indices.flatten(), minlength=num_experts)
 
 
+def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float) -> int:
+    """The most (token, slot) pairs one expert takes in a batch of ``num_tokens`` tokens: Switch's
+    expert capacity (Fedus et al., 2022, §2.2), ``capacity_factor`` times the even share
+    ``num_tokens * top_k / num_experts``, rounded down (``top_k = 1`` in Switch)."""
+    if not capacity_factor > 0:
+        raise ValueError(f"capacity_factor must be positive, got {capacity_factor}")
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k={top_k} must be between 1 and num_experts={num_experts}")
+    return math.floor(capacity_factor * num_tokens * top_k / num_experts)
+
+
+def within_capacity(indices: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+    """``indices [N, k]`` -> ``keep [N, k]`` (bool): each expert keeps the first ``capacity`` pairs
+    sent to it and drops the rest. The order is every token's first choice before any second choice,
+    and token order within a choice (for ``k = 1`` the order of transformers'
+    ``SwitchTransformersTop1Router``). An expert with load ``n`` drops ``max(0, n - capacity)``."""
+    if capacity < 0:
+        raise ValueError(f"capacity must be >= 0, got {capacity}")
+    if indices.numel() and not 0 <= int(indices.min()) <= int(indices.max()) < num_experts:
+        raise ValueError(f"expert indices must lie in [0, {num_experts})")
+    num_tokens, k = indices.shape
+    queue = indices.T.reshape(-1)  # [k N]: all first choices, then all second choices
+    position = F.one_hot(queue, num_experts).cumsum(0).gather(1, queue[:, None])[:, 0]  # 1-based, per expert
+    return (position <= capacity).view(k, num_tokens).T
+
+
 class SparseMoeBlock(nn.Module):
     """The feed-forward layer as a mixture of experts. ``[B, L, hidden]`` in and out.
 
@@ -116,12 +144,20 @@ class SparseMoeBlock(nn.Module):
     the buffer ``gate.e_score_correction_bias``. ``gating`` is ``"softmax"`` (Mixtral) or
     ``"sigmoid"`` (DeepSeek-V3). After each forward, ``router_logits [N, E]`` and ``indices [N, k]``
     hold the last routing (for the auxiliary loss and the load counts).
+
+    ``capacity_factor`` (off by default, as in Mixtral and DeepSeek-V3's inference code): each
+    expert takes at most ``expert_capacity(N, E, k, capacity_factor)`` pairs of a forward pass; a pair
+    over it is dropped (that expert does not run on that token, and ``dropped [N, k]`` marks it). A
+    token whose every pair is dropped gets zeros from this layer: the residual carries it on.
     """
 
     def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, gating: str = "softmax",
                  n_shared_experts: int = 0, n_group: int = 1, topk_group: int = 1, norm_topk_prob: bool = True,
-                 routed_scaling_factor: float = 1.0, hidden_act: str = "silu", choice_bias: bool | None = None):
+                 routed_scaling_factor: float = 1.0, hidden_act: str = "silu", choice_bias: bool | None = None,
+                 capacity_factor: float | None = None):
         super().__init__()
+        if capacity_factor is not None and not capacity_factor > 0:
+            raise ValueError(f"capacity_factor must be positive or None (no capacity), got {capacity_factor}")
         if gating not in ("softmax", "sigmoid"):
             raise ValueError(f"gating must be 'softmax' (Mixtral) or 'sigmoid' (DeepSeek-V3), got {gating!r}")
         if not 1 <= top_k <= num_experts:
@@ -135,7 +171,8 @@ class SparseMoeBlock(nn.Module):
         self.experts = Experts(num_experts, hidden_size, intermediate_size, hidden_act)
         if n_shared_experts:
             self.shared_experts = SwiGLU(expert_config(hidden_size, intermediate_size * n_shared_experts, hidden_act))
-        self.router_logits = self.indices = None
+        self.capacity_factor = capacity_factor
+        self.router_logits = self.indices = self.dropped = None
 
     @property
     def bias(self) -> torch.Tensor | None:
@@ -143,10 +180,11 @@ class SparseMoeBlock(nn.Module):
 
     def route(self, x):
         """``x [N, hidden]`` -> router logits ``[N, E]``, gates ``[N, k]``, expert indices ``[N, k]``."""
-        logits = F.linear(x.float(), self.gate.weight.float())
-        if self.gating == "softmax":
+        if self.gating == "softmax":  # transformers: logits in the model's dtype, softmax in float32
+            logits = F.linear(x, self.gate.weight)
             weights, indices = softmax_topk(logits, self.top_k, self.bias)
-        else:
+        else:  # DeepSeek-V3: logits in float32
+            logits = F.linear(x.float(), self.gate.weight.float())
             weights, indices = sigmoid_topk(logits, self.top_k, self.bias, self.n_group, self.topk_group,
                                             self.norm_topk_prob, self.routed_scaling_factor)
         return logits, weights, indices
@@ -155,7 +193,12 @@ class SparseMoeBlock(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # [N, hidden]
         self.router_logits, weights, self.indices = self.route(flat)
-        out = self.experts(flat, self.indices, weights).view(shape)
+        indices = self.indices
+        if self.capacity_factor is not None:
+            capacity = expert_capacity(flat.shape[0], self.num_experts, self.top_k, self.capacity_factor)
+            self.dropped = ~within_capacity(indices, self.num_experts, capacity)
+            indices = indices.masked_fill(self.dropped, -1)  # -1: no expert runs on a dropped pair
+        out = self.experts(flat, indices, weights).view(shape)
         if hasattr(self, "shared_experts"):
             out = out + self.shared_experts(x)
         return out
@@ -224,7 +267,13 @@ class Mixtral(Llama):
 
     @classmethod
     def from_transformers(cls, model) -> "Mixtral":
-        """A ``Mixtral`` holding the weights of a ``transformers.MixtralForCausalLM``, in eval mode."""
+        """A ``Mixtral`` holding the weights of a ``transformers.MixtralForCausalLM``, in eval mode and
+        in the reference's dtype.
+
+        Scope: every size of ``MixtralConfig``, ``hidden_act``, ``rms_norm_eps``, ``rope_theta``,
+        ``tie_word_embeddings``; checked equal to transformers in float64 within 1e-10 with these off
+        their defaults (``tests/test_moe.py``). Refused: a rotary scaling, a sliding window.
+        """
         hf = model.config
         if getattr(hf, "model_type", None) != "mixtral":
             raise TypeError(f"expected a transformers MixtralForCausalLM, got {type(model).__name__}")
@@ -240,7 +289,7 @@ class Mixtral(Llama):
             intermediate_size=hf.intermediate_size, hidden_act=hf.hidden_act, rms_norm_eps=hf.rms_norm_eps,
             rope_theta=rope.get("rope_theta", 1e6), tie_word_embeddings=hf.tie_word_embeddings,
             num_local_experts=hf.num_local_experts, num_experts_per_tok=hf.num_experts_per_tok)
-        ours = cls(config)
+        ours = cls(config).to(next(model.parameters()).dtype)  # float64 stays float64
         state = {name.removeprefix("model."): t for name, t in model.state_dict().items() if "rotary_emb" not in name}
         ours.load_state_dict(split_experts(state), strict=True)
         return ours.eval()
@@ -282,7 +331,14 @@ class DeepseekV3WithExperts(DeepseekV3):
 
     @classmethod
     def from_transformers(cls, model) -> "DeepseekV3WithExperts":
-        """A ``DeepseekV3WithExperts`` holding the weights of a ``transformers.DeepseekV3ForCausalLM``."""
+        """A ``DeepseekV3WithExperts`` holding the weights of a ``transformers.DeepseekV3ForCausalLM``,
+        in eval mode and in the reference's dtype.
+
+        Scope: chapter 19's attention options plus every option of the experts (``n_routed_experts``,
+        ``num_experts_per_tok``, ``n_shared_experts``, ``n_group``, ``topk_group``, ``norm_topk_prob``,
+        ``routed_scaling_factor``, ``first_k_dense_replace``); checked equal in float64 within 1e-10
+        with these off their defaults (``tests/test_moe.py``). Refused: a rotary scaling (YaRN).
+        """
         hf = model.config
         if getattr(hf, "model_type", None) != "deepseek_v3":
             raise TypeError(f"expected a transformers DeepseekV3ForCausalLM, got {type(model).__name__}")
@@ -301,7 +357,7 @@ class DeepseekV3WithExperts(DeepseekV3):
             moe_intermediate_size=hf.moe_intermediate_size, n_group=hf.n_group, topk_group=hf.topk_group,
             norm_topk_prob=hf.norm_topk_prob, routed_scaling_factor=hf.routed_scaling_factor,
             first_k_dense_replace=hf.first_k_dense_replace)
-        ours = cls(config)
+        ours = cls(config).to(next(model.parameters()).dtype)  # float64 stays float64
         state = {name.removeprefix("model."): t for name, t in model.state_dict().items() if "rotary_emb" not in name}
         ours.load_state_dict(split_experts(state), strict=True)
         return ours.eval()
@@ -337,6 +393,7 @@ def update_choice_bias(block: SparseMoeBlock, rate: float) -> torch.Tensor:
     return load
 
 
-__all__ = ["DeepseekV3MoEConfig", "DeepseekV3WithExperts", "Experts", "Mixtral", "MixtralConfig", "SparseMoeBlock",
-           "expert_config", "load_balancing_loss", "moe_blocks", "sigmoid_topk", "softmax_topk", "split_experts",
-           "tokens_per_expert", "update_choice_bias"]
+__all__ = ["DeepseekV3MoEConfig", "DeepseekV3WithExperts", "Experts", "Mixtral", "MixtralConfig",
+           "SparseMoeBlock", "expert_capacity", "expert_config", "load_balancing_loss", "moe_blocks",
+           "sigmoid_topk", "softmax_topk", "split_experts", "tokens_per_expert", "update_choice_bias",
+           "within_capacity"]
