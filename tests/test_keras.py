@@ -1,9 +1,13 @@
 """The Keras appendix's model equals tfcore's, piece by piece, once the weights are copied.
 
-Every comparison is within 1e-5, on the same inputs and masks. One test plants a single weight
-copied without its transpose and shows that the comparison then fails. The last test runs the
-same model on the JAX backend (a separate process), eagerly and under jax.jit, with the same
-weights and the same planted weight.
+Every comparison is within 1e-5, on the same inputs and masks, in float32: Keras 3.15.1 computes
+``keras.ops.matmul`` (and so ``Dense``) in float32 even for float64 inputs on the torch and JAX
+backends, which a test below pins, so no float64 check near 1e-10 is possible. One test plants a
+single weight copied without its transpose, another a zeroed layer-norm bias in a model with
+every setting off its default and every parameter random, and shows that the comparison then
+fails. The save/load round trip is exact, and fails without ``build_from_config``. The last test
+runs the same model on the JAX backend (a separate process), eagerly and under jax.jit, with the
+same weights and the same planted weight.
 """
 
 from __future__ import annotations
@@ -136,6 +140,99 @@ def test_one_weight_copied_without_its_transpose_breaks_the_equality():
     assert gap(*_log_probs(ours, theirs, src, tgt[:, :-1])) > 1e-3
 
 
+def _off_default_pair():
+    """A tfcore model and its Keras port with every setting off its default and every
+    parameter random, layer-norm weights and biases included."""
+    config = BertConfig(hidden_size=24, num_hidden_layers=3, num_attention_heads=3, intermediate_size=40,
+                        hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3, layer_norm_eps=1e-3)
+    torch.manual_seed(0)
+    theirs = tfcore.EncoderDecoder(config, 11, 17).eval()
+    with torch.no_grad():
+        for parameter in theirs.parameters():
+            parameter.normal_(0, 0.5)
+    ours = kt.Transformer(11, 17, N=3, d_model=24, d_ff=40, num_heads=3, dropout=0.3, max_len=20, pad_id=2,
+                          epsilon=1e-3)
+    ours.load_tfcore(theirs)
+    generator = torch.Generator().manual_seed(1)
+    src = torch.randint(3, 11, (4, 9), generator=generator)
+    src[1, 6:] = 2
+    tgt = torch.randint(3, 17, (4, 7), generator=generator)
+    return ours, theirs, src, tgt
+
+
+def _off_default_gap(ours, theirs, src, tgt):
+    with torch.no_grad():
+        expected = theirs.generator(theirs(src, tgt, (src != 2).unsqueeze(1)))
+    return gap(ops.log_softmax(ours((src, tgt), training=False), axis=-1), expected)
+
+
+def test_every_setting_off_its_default_and_a_planted_layer_norm_bias():
+    ours, theirs, src, tgt = _off_default_pair()
+    norm = theirs.decoder.layers[1].layer_norm_2
+    assert (norm.weight != 1).all() and (norm.bias != 0).all()  # the norm is not at its defaults
+    assert _off_default_gap(ours, theirs, src, tgt) < 1e-5
+    ours.decoder_layers[1].layer_norm_2.beta.assign(np.zeros(24, dtype="float32"))
+    assert _off_default_gap(ours, theirs, src, tgt) > 1e-3
+    ours, theirs, src, tgt = _off_default_pair()
+    ours.src_embed.positions.assign(np.zeros((20, 24), dtype="float32"))  # the sinusoids are copied too
+    assert _off_default_gap(ours, theirs, src, tgt) > 1e-3
+
+
+def test_keras_multiplies_float64_in_float32_on_this_backend():
+    x = torch.randn(4, 4, dtype=torch.float64)
+    assert ops.matmul(x, x).dtype == torch.float32  # if this changes, add a float64 check near 1e-10
+    assert ops.add(x, x).dtype == torch.float64
+
+
+def test_keras_multi_head_attention_holds_tfcore_weights(inputs):
+    x, memory, src_mask = inputs
+    torch.manual_seed(0)
+    attention = tfcore.MultiHeadAttention(CONFIG).eval()
+    theirs = keras.layers.MultiHeadAttention(num_heads=HEADS, key_dim=D_MODEL // HEADS)
+    theirs(x, memory, memory)
+    shape = (D_MODEL, HEADS, D_MODEL // HEADS)
+    for dense, linear in ((theirs.query_dense, attention.query), (theirs.key_dense, attention.key),
+                          (theirs.value_dense, attention.value)):
+        dense.kernel.assign(numpy(linear.weight).T.reshape(shape))
+        dense.bias.assign(numpy(linear.bias).reshape(shape[1:]))
+    theirs.output_dense.kernel.assign(numpy(attention.output_linear.weight).T.reshape(shape[1:] + shape[:1]))
+    theirs.output_dense.bias.assign(numpy(attention.output_linear.bias))
+    with torch.no_grad():
+        assert gap(theirs(x, memory, memory, attention_mask=src_mask), attention(x, memory, mask=src_mask)) < 1e-5
+        assert gap(theirs(x, x, x, use_causal_mask=True), attention(x, mask=tfcore.causal_mask(7))) < 1e-5
+        theirs.output_dense.kernel.assign(numpy(attention.output_linear.weight).reshape(shape[1:] + shape[:1]))
+        assert gap(theirs(x, x, x, use_causal_mask=True), attention(x, mask=tfcore.causal_mask(7))) > 1e-3
+
+
+def test_save_and_load_round_trip(tmp_path):
+    ours, theirs = _models()
+    src, tgt = tfcore.digit_reversal(16, seed=5)
+    path = tmp_path / "model.keras"
+    ours.save(path)
+    loaded = keras.saving.load_model(path, compile=False)
+    assert isinstance(loaded, kt.Transformer) and loaded.get_config()["d_model"] == D_MODEL
+    assert gap(loaded((src, tgt[:, :-1])), ours((src, tgt[:, :-1]))) == 0
+    assert gap(*_log_probs(loaded, theirs, src, tgt[:, :-1])) < 1e-5
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class _WithoutBuildFromConfig(kt.Transformer):
+    build_from_config = keras.Model.build_from_config  # Keras' own: cannot build this model
+
+
+def test_without_build_from_config_the_loaded_model_keeps_random_weights(tmp_path):
+    ours, _ = _models()
+    planted = _WithoutBuildFromConfig(13, 13, N=2, d_model=D_MODEL, d_ff=D_FF, num_heads=HEADS, dropout=0.0)
+    src, tgt = tfcore.digit_reversal(16, seed=5)
+    planted((src, tgt))
+    planted.set_weights(ours.get_weights())
+    assert gap(planted((src, tgt)), ours((src, tgt))) == 0
+    planted.save(tmp_path / "planted.keras")
+    with pytest.warns(UserWarning, match="build_from_config"):
+        loaded = keras.saving.load_model(tmp_path / "planted.keras", compile=False)
+    assert gap(loaded((src, tgt)), ours((src, tgt))) > 1e-3
+
+
 def test_loss_and_schedule_match_the_torch_training():
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 6, 13, generator=generator)
@@ -157,6 +254,10 @@ def test_loss_and_schedule_match_the_torch_training():
     (lambda: kt.PositionalEmbedding(13, 8)(np.array([[3.0, 4.0]])), "must hold integers"),
     (lambda: kt.Transformer(13, 13, N=1, d_model=32, d_ff=64, num_heads=4).load_tfcore(_models(N=2)[1]),
      "build both with the same N"),
+    (lambda: kt.Transformer(13, 13, N=2, d_model=32, d_ff=64, num_heads=4, epsilon=1e-3).load_tfcore(_models()[1]),
+     "build both with the same epsilon"),
+    (lambda: kt.Transformer(13, 13, N=2, d_model=32, d_ff=64, num_heads=4, max_len=600).load_tfcore(_models()[1]),
+     "fewer than this one's max_len 600"),
 ])
 def test_bad_input_gets_a_clear_error(build, problem):
     with pytest.raises(ValueError) as error:

@@ -14,7 +14,11 @@ a call argument named ``mask`` a meaning of its own. It holds True where attenti
 as everywhere in tfcore; a query whose keys are all blocked gets zero weights, not NaN.
 
 Every layer can copy the weights of its tfcore counterpart (``load_tfcore``), so that the two
-implementations can be compared number for number.
+implementations can be compared number for number. The comparisons are float32 only: Keras
+3.15.1 computes ``keras.ops.matmul`` (and so ``Dense``) in float32 even for float64 inputs on
+every backend but TensorFlow, so a float64 check near 1e-10 is not possible
+(``tests/test_keras.py`` pins it). ``Transformer`` has ``get_config`` and ``build_from_config``,
+so that ``model.save("m.keras")`` and ``keras.saving.load_model`` round-trip it.
 """
 
 from __future__ import annotations
@@ -263,7 +267,8 @@ class DecoderLayer(keras.layers.Layer):
 def _sinusoids(max_len: int, d_model: int) -> np.ndarray:
     """``PE[pos, 2i] = sin(pos / 10000^(2i/d))``, ``PE[pos, 2i+1] = cos(...)``: ``[max_len, d_model]``."""
     position = np.arange(max_len, dtype=np.float32)[:, None]
-    frequency = np.exp(np.arange(0, d_model, 2, dtype=np.float32) * np.float32(-math.log(10000.0) / d_model))
+    step = np.float32(-math.log(10000.0) / d_model)
+    frequency = np.exp(np.arange(0, d_model, 2, dtype=np.float32) * step)
     table = np.zeros((max_len, d_model), dtype=np.float32)
     table[:, 0::2] = np.sin(position * frequency)
     table[:, 1::2] = np.cos(position * frequency)
@@ -271,9 +276,10 @@ def _sinusoids(max_len: int, d_model: int) -> np.ndarray:
 
 
 def _values_known(x) -> bool:
-    """Whether ``x``'s values exist now. They do not while a backend traces the call into a graph
-    (Keras' symbolic build, ``jax.jit``, ``model.predict`` on JAX): then only the shape and dtype
-    exist, and a check of the values (``int(ops.min(x))``) would fail. Such checks run eagerly only."""
+    """Whether ``x``'s values exist now. They do not while a backend traces the call into a
+    graph (Keras' symbolic build, ``jax.jit``, ``model.predict`` on JAX): then only the shape
+    and dtype exist, and a check of the values (``int(ops.min(x))``) would fail. Such checks
+    run eagerly only."""
     if isinstance(x, keras.KerasTensor):
         return False
     if keras.backend.backend() == "jax":
@@ -284,37 +290,45 @@ def _values_known(x) -> bool:
 
 
 class PositionalEmbedding(keras.layers.Layer):
-    """Token embeddings times √d_model plus the fixed sinusoids, then dropout: ``[B, L]`` ids -> ``[B, L, d_model]``.
+    """Token embeddings times √d_model plus the fixed sinusoids, then dropout:
+    ``[B, L]`` ids -> ``[B, L, d_model]``.
 
-    The sinusoids are a non-trainable weight (PyTorch would register a buffer). The counterpart of
-    ``tfcore``'s ``ScaledEmbedding``.
+    The sinusoids are a non-trainable weight (PyTorch would register a buffer). The
+    counterpart of ``tfcore``'s ``ScaledEmbedding``.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, max_len: int = 512, dropout: float = 0.0, **kwargs):
+    def __init__(self, vocab_size: int, d_model: int, max_len: int = 512, dropout: float = 0.0,
+                 **kwargs):
         super().__init__(**kwargs)
         self.vocab_size, self.d_model, self.max_len = vocab_size, d_model, max_len
-        self.token_embeddings = keras.layers.Embedding(vocab_size, d_model, embeddings_initializer="glorot_uniform",
-                                                       name="token_embeddings")
+        self.token_embeddings = keras.layers.Embedding(
+            vocab_size, d_model, embeddings_initializer="glorot_uniform", name="token_embeddings")
         self.dropout = keras.layers.Dropout(dropout)
 
     def build(self, ids_shape):
         self.token_embeddings.build(ids_shape)
-        self.positions = self.add_weight(shape=(self.max_len, self.d_model), trainable=False, name="positions",
-                                         initializer=keras.initializers.Constant(_sinusoids(self.max_len, self.d_model)))
+        table = keras.initializers.Constant(_sinusoids(self.max_len, self.d_model))
+        self.positions = self.add_weight(shape=(self.max_len, self.d_model), trainable=False,
+                                         name="positions", initializer=table)
 
     def call(self, ids, training=None):
         if len(ids.shape) != 2:
-            raise ValueError(f"ids must be a 2-D [B, L] tensor of token ids, got shape {tuple(ids.shape)}")
-        if "int" not in keras.backend.standardize_dtype(ids.dtype):
-            raise ValueError(f"ids must hold integers (token ids), got {keras.backend.standardize_dtype(ids.dtype)}: "
-                             f"convert them with ids.astype('int32') or keras.ops.cast(ids, 'int32')")
+            raise ValueError(f"ids must be a 2-D [B, L] tensor of token ids, got shape "
+                             f"{tuple(ids.shape)}")
+        dtype = keras.backend.standardize_dtype(ids.dtype)
+        if "int" not in dtype:
+            raise ValueError(f"ids must hold integers (token ids), got {dtype}: convert them "
+                             f"with ids.astype('int32') or keras.ops.cast(ids, 'int32')")
         length = ids.shape[1]
         if length is not None and length > self.max_len:
-            raise ValueError(f"a sequence of {length} tokens is longer than the {self.max_len} positions "
-                             f"(max_len) this embedding has; shorten it or build with a larger max_len")
-        if _values_known(ids) and ops.size(ids) and (int(ops.min(ids)) < 0 or int(ops.max(ids)) >= self.vocab_size):
-            raise ValueError(f"token ids must be in [0, {self.vocab_size}) (vocab_size), got ids from "
-                             f"{int(ops.min(ids))} to {int(ops.max(ids))}")
+            raise ValueError(f"a sequence of {length} tokens is longer than the {self.max_len} "
+                             f"positions (max_len) this embedding has; shorten it or build "
+                             f"with a larger max_len")
+        if _values_known(ids) and ops.size(ids):
+            low, high = int(ops.min(ids)), int(ops.max(ids))
+            if low < 0 or high >= self.vocab_size:
+                raise ValueError(f"token ids must be in [0, {self.vocab_size}) (vocab_size), "
+                                 f"got ids from {low} to {high}")
         x = self.token_embeddings(ids) * math.sqrt(self.d_model) + self.positions[:length]
         return self.dropout(x, training=training)
 
@@ -322,33 +336,54 @@ class PositionalEmbedding(keras.layers.Layer):
         return (*ids_shape, self.d_model)
 
     def load_tfcore(self, embedding) -> None:
+        """Copy a ``ScaledEmbedding``: its token embeddings and its first ``max_len`` sinusoids."""
+        if embedding.positions.shape[0] < self.max_len:
+            raise ValueError(f"the tfcore embedding has {embedding.positions.shape[0]} positions, "
+                             f"fewer than this one's max_len {self.max_len}: build with a "
+                             f"smaller max_len")
         if not self.built:
             self.build((None, None))
         self.token_embeddings.embeddings.assign(_numpy(embedding.token_embeddings.weight))
+        self.positions.assign(_numpy(embedding.positions[: self.max_len]))
 
 
+@keras.saving.register_keras_serializable(package="tfcore")
 class Transformer(keras.Model):
     """The encoder-decoder of chapters 9-10 (pre-LN), as a Keras model.
 
     ``call((src [B, Ls], tgt [B, Lt]))`` -> logits ``[B, Lt, tgt_vocab]``. The source mask
     (``src != pad_id``, ``[B, 1, Ls]``) and the causal target mask ``[1, Lt, Lt]`` are made
-    inside. ``load_tfcore`` copies a ``tfcore.EncoderDecoder``, which gives log-probabilities:
-    ``log_softmax`` of these logits.
+    inside. ``load_tfcore`` copies a ``tfcore.EncoderDecoder`` (pre-LN, exact GELU, the same
+    sizes and layer-norm epsilon), which gives log-probabilities: ``log_softmax`` of these
+    logits. ``get_config`` and ``build_from_config`` let ``model.save("m.keras")`` and
+    ``keras.saving.load_model`` round-trip it.
     """
 
-    def __init__(self, src_vocab: int, tgt_vocab: int, N: int = 2, d_model: int = 512, d_ff: int = 2048,
-                 num_heads: int = 8, dropout: float = 0.1, max_len: int = 512, pad_id: int = 0, **kwargs):
+    def __init__(self, src_vocab: int, tgt_vocab: int, N: int = 2, d_model: int = 512,
+                 d_ff: int = 2048, num_heads: int = 8, dropout: float = 0.1, max_len: int = 512,
+                 pad_id: int = 0, epsilon: float = 1e-5, **kwargs):
         super().__init__(**kwargs)
+        self.settings = dict(src_vocab=src_vocab, tgt_vocab=tgt_vocab, N=N, d_model=d_model,
+                             d_ff=d_ff, num_heads=num_heads, dropout=dropout, max_len=max_len,
+                             pad_id=pad_id, epsilon=epsilon)
         self.pad_id, self.d_model = pad_id, d_model
         self.src_embed = PositionalEmbedding(src_vocab, d_model, max_len, dropout, name="src_embed")
         self.tgt_embed = PositionalEmbedding(tgt_vocab, d_model, max_len, dropout, name="tgt_embed")
-        self.encoder_layers = [EncoderLayer(d_model, num_heads, d_ff, dropout, name=f"encoder_layer_{i}")
-                               for i in range(N)]
-        self.encoder_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="encoder_norm")
-        self.decoder_layers = [DecoderLayer(d_model, num_heads, d_ff, dropout, name=f"decoder_layer_{i}")
-                               for i in range(N)]
-        self.decoder_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="decoder_norm")
+        sizes = (d_model, num_heads, d_ff, dropout, epsilon)
+        self.encoder_layers = [EncoderLayer(*sizes, name=f"encoder_layer_{i}") for i in range(N)]
+        self.encoder_norm = keras.layers.LayerNormalization(epsilon=epsilon, name="encoder_norm")
+        self.decoder_layers = [DecoderLayer(*sizes, name=f"decoder_layer_{i}") for i in range(N)]
+        self.decoder_norm = keras.layers.LayerNormalization(epsilon=epsilon, name="decoder_norm")
         self.generator = keras.layers.Dense(tgt_vocab, name="generator")
+
+    def get_config(self):
+        """What ``__init__`` needs to build this model again (``model.save`` stores it)."""
+        return {**super().get_config(), **self.settings}
+
+    def build_from_config(self, config):
+        """Make every weight by one call, so that ``keras.saving.load_model`` can fill them."""
+        one = np.full((1, 1), self.pad_id + 1, dtype="int32")
+        self((one, one))
 
     def source_mask(self, src):
         """``[B, 1, Ls]``: True for the real tokens, False for padding."""
@@ -371,26 +406,31 @@ class Transformer(keras.Model):
     def call(self, inputs, training=None):
         src, tgt = inputs
         src_mask = self.source_mask(src)
-        return self.generator(self.decode(self.encode(src, src_mask, training), src_mask, tgt, training))
+        memory = self.encode(src, src_mask, training)
+        return self.generator(self.decode(memory, src_mask, tgt, training))
 
     def greedy_decode(self, src, max_len: int, start_id: int):
-        """The most probable next token, step by step: ``[B, max_len]`` ids, starting with ``start_id``."""
+        """The most probable next token, step by step: ``[B, max_len]`` ids from ``start_id``."""
         src_mask = self.source_mask(src)
         memory = self.encode(src, src_mask, training=False)
         ys = ops.full((src.shape[0], 1), start_id, dtype="int32")
         for _ in range(max_len - 1):
             logits = self.generator(self.decode(memory, src_mask, ys, training=False)[:, -1])
-            ys = ops.concatenate([ys, ops.cast(ops.argmax(logits, axis=-1), "int32")[:, None]], axis=1)
+            next_ids = ops.cast(ops.argmax(logits, axis=-1), "int32")[:, None]
+            ys = ops.concatenate([ys, next_ids], axis=1)
         return ys
 
     def load_tfcore(self, model) -> None:
-        """Copy every weight of a ``tfcore.EncoderDecoder`` built with the same sizes."""
+        """Copy every weight of a ``tfcore.EncoderDecoder`` built with the same settings."""
         if len(model.encoder_layers) != len(self.encoder_layers):
-            raise ValueError(f"the tfcore model has {len(model.encoder_layers)} layers per side, this one "
-                             f"{len(self.encoder_layers)}: build both with the same N")
+            raise ValueError(f"the tfcore model has {len(model.encoder_layers)} layers per side, "
+                             f"this one {len(self.encoder_layers)}: build both with the same N")
+        if model.encoder_norm.eps != self.encoder_norm.epsilon:
+            raise ValueError(f"the tfcore model's layer norms use eps {model.encoder_norm.eps:g}, "
+                             f"this one {self.encoder_norm.epsilon:g}: build both with the "
+                             f"same epsilon")
         if not self.built:
-            one = np.full((1, 1), self.pad_id + 1, dtype="int32")
-            self((one, one))
+            self.build_from_config({})
         self.src_embed.load_tfcore(model.src_embed)
         self.tgt_embed.load_tfcore(model.tgt_embed)
         for ours, theirs in zip(self.encoder_layers, model.encoder_layers):
