@@ -10,10 +10,22 @@ tfcore. A query whose keys are all blocked gets all-zero weights (and so a zero 
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def _whole(name: str, value, minimum: int) -> int:
+    """``value`` as an int (Python, NumPy or 0-d torch integers), or a ValueError naming ``name``."""
+    try:
+        ok = not isinstance(value, bool) and operator.index(value) >= minimum
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return operator.index(value)
 
 
 def _check_attention_inputs(query, key, value):
@@ -21,6 +33,12 @@ def _check_attention_inputs(query, key, value):
         if not isinstance(t, torch.Tensor) or t.dim() not in (3, 4):
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name} must be a 3-D [B, L, d] or 4-D [B, heads, L, d] tensor, got {shape}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must hold floating-point numbers, got {t.dtype}; "
+                            f"convert it first, e.g. {name}.float()")
+    if not query.dtype == key.dtype == value.dtype:
+        raise TypeError(f"query, key and value must share one dtype, got {query.dtype}, {key.dtype} and "
+                        f"{value.dtype}; convert them first, e.g. key.to(query.dtype)")
     if not query.dim() == key.dim() == value.dim():
         raise ValueError(f"query, key and value must have the same number of dimensions, got "
                          f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
@@ -30,10 +48,18 @@ def _check_attention_inputs(query, key, value):
     if key.shape[-2] != value.shape[-2]:
         raise ValueError(f"key and value must hold the same number of positions, got key "
                          f"{tuple(key.shape)} and value {tuple(value.shape)}")
+    try:
+        torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"query, key and value must have the same batch (and heads) axes, got "
+                         f"{tuple(query.shape)}, {tuple(key.shape)} and {tuple(value.shape)}") from None
 
 
 def _broadcast_mask(mask: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     """``mask`` as a bool tensor that broadcasts to ``scores.shape``, or a ValueError naming both."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a tensor (True/1 = may attend), got {type(mask).__name__}; "
+                        f"build one with causal_mask(L) or padding_mask(attention_mask)")
     if mask.is_floating_point() and not ((mask == 0) | (mask == 1)).all():
         raise ValueError("mask must hold 1/True (attend) and 0/False (blocked); it holds other values. "
                          "An additive mask (0 and -inf) should be converted first: mask = additive == 0")
@@ -93,7 +119,9 @@ def causal_mask(seq_len: int, device=None, past: int = 0) -> torch.Tensor:
 
     With ``past`` > 0 (generation with a KV cache, chapter 15) the ``L`` queries are the positions
     ``past .. past + L - 1`` and the keys are all ``past + L`` positions: ``[1, L, past + L]``.
+    ``seq_len`` and ``past`` are whole numbers ≥ 0; anything else is refused with a ValueError.
     """
+    seq_len, past = _whole("seq_len", seq_len, 0), _whole("past", past, 0)
     ones = torch.ones(seq_len, past + seq_len, dtype=torch.bool, device=device)
     return torch.tril(ones, diagonal=past).unsqueeze(0)
 
@@ -103,6 +131,9 @@ def padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
         shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
         raise ValueError(f"attention_mask must be a 2-D [B, L] tensor of 0/1, got {shape}")
+    if not ((attention_mask == 0) | (attention_mask == 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token); it holds other "
+                         "values: pass the tokenizer's attention_mask, not the input_ids")
     return attention_mask.to(torch.bool).unsqueeze(1)
 
 
@@ -145,6 +176,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         hidden, heads = config.hidden_size, config.num_attention_heads
+        _whole("hidden_size", hidden, 1), _whole("num_attention_heads", heads, 1)
         if hidden % heads:
             raise ValueError(f"hidden_size ({hidden}) is not divisible by num_attention_heads ({heads}): "
                              f"every head must get the same width; choose a hidden size that is a "

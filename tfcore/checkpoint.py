@@ -39,10 +39,14 @@ def embedded_path() -> Path:
 def resolve(name: str | os.PathLike | None = None) -> tuple[str, bool]:
     """Turn a checkpoint name into ``(what to load, is_local)``.
 
-    ``None`` means ``$TFCORE_CHECKPOINT`` when it is set, else the embedded checkpoint.
+    ``None`` means ``$TFCORE_CHECKPOINT`` when it is set, else the embedded checkpoint. Any other
+    name is a non-empty string or path (an empty one would name the current folder).
     """
     if name is None:
         name = os.environ.get(ENV_VAR) or EMBEDDED
+    if not isinstance(name, (str, os.PathLike)) or not str(name).strip():
+        raise CheckpointError(f"a checkpoint name must be a non-empty string or path, got {name!r}. Fix: pass "
+                              f"name=None for the embedded default, a local folder, or a hub name")
     name = str(name)
     if name in EMBEDDED_ALIASES:
         return str(embedded_path()), True
@@ -144,6 +148,9 @@ BERT_UNUSED = r"pooler\."
 
 def bert_to_tfcore(state_dict: dict) -> dict:
     """Rename a transformers ``BertModel`` state dict to tfcore's ``TransformerEncoder`` names."""
+    if not hasattr(state_dict, "items"):
+        raise TypeError(f"state_dict must be a mapping of names to tensors (model.state_dict()), got "
+                        f"{type(state_dict).__name__}")
     renamed = {}
     for name, tensor in state_dict.items():
         name = name.removeprefix("bert.")

@@ -38,11 +38,21 @@ def check(claim: str, holds, measured=None, *, embedded_only: bool = False) -> N
     ``embedded_only=True`` marks a claim about the embedded checkpoint: with any other checkpoint
     it is printed as not checked instead of raising.
 
+    ``holds`` is one truth value: a bool, or a one-element tensor or array (``(x < y).all()`` for
+    many). A string, None or a tensor of several elements is refused with a TypeError: ``"False"``
+    is true in Python, and would pass.
+
     Returns ``None``, so that a cell ending with a check shows only the printed line (a trailing
     ``;`` does not hide a value under nbval, which runs cells without history).
     """
     if not isinstance(claim, str) or not claim.strip():
         raise ValueError("check() needs the claim as a sentence, e.g. check('loss below 0.01', loss < 0.01)")
+    count = holds.numel() if hasattr(holds, "numel") else getattr(holds, "size", None)  # torch, numpy
+    count = count if isinstance(count, int) else None
+    if holds is None or isinstance(holds, (str, bytes)) or (count is not None and count != 1):
+        raise TypeError(f"check({claim!r}, holds) needs holds to be one truth value (a bool, or a one-element "
+                        f"tensor), got {type(holds).__name__}"
+                        f"{'' if count is None else f' of {count} elements'}; for many use (...).all()")
     holds = bool(holds)  # a one-element tensor or numpy bool becomes a plain bool here
     if measured is None:
         shown = ""

@@ -206,6 +206,9 @@ def heads_diagram(batch: int, length: int, hidden: int, heads: int, tokens=None)
     if hidden % heads:
         raise ValueError(f"hidden ({hidden}) is not divisible by heads ({heads}): every head must get "
                          f"hidden // heads numbers, so hidden must be a multiple of heads")
+    if isinstance(tokens, str):
+        raise ValueError(f"tokens must be a list of token strings, one per position, got the string "
+                         f"{tokens!r}; split it first, e.g. {tokens!r}.split()")
     if tokens is not None and len(tokens) != length:
         raise ValueError(f"tokens must name the {length} positions, got {len(tokens)} names")
     head_dim, rows = hidden // heads, min(length, 6)
@@ -401,6 +404,9 @@ def layer_diagram(kind: str = "encoder", norm_first=True, *, shape=None, memory_
         raise ValueError("norm_first must be True, False, or a non-empty sequence of them")
     for arrangement in arrangements:
         _check_layer_args(kind, arrangement)
+    for name, given in (("shape", shape), ("memory_shape", memory_shape)):
+        if given is not None and (isinstance(given, str) or not isinstance(given, (tuple, list))):
+            raise ValueError(f"{name} must be a tuple of sizes, e.g. (2, 5, 384), got {given!r}")
     stream = _shape(*shape) if shape is not None else _shape("B", "L", "hidden")
     memory = _shape(*memory_shape) if memory_shape is not None else _shape("B", "Ls", "hidden")
     panel_w = 7.6 if kind == "decoder" else 5.4
@@ -436,6 +442,10 @@ def encoder_decoder_diagram(source, target, next_tokens=None) -> Diagram:
     ``[B, len(source), d]``, the output ``[B, len(target), vocab]``. ``next_tokens``, if given,
     labels what each target position predicts.
     """
+    for name, given in (("source", source), ("target", target), ("next_tokens", next_tokens)):
+        if isinstance(given, str):
+            raise ValueError(f"{name} must be a list of token strings, got the string {given!r}; split "
+                             f"it first, e.g. {given!r}.split()")
     source, target = [str(t) for t in source], [str(t) for t in target]
     if not source or not target:
         raise ValueError("source and target must each hold at least one token")

@@ -16,7 +16,8 @@ keys, ``d`` width of a query/key, ``dv`` width of a value; ``Bq`` and ``Bk`` the
 Masks follow tfcore (``tfcore.attention``): True where attention is allowed. A query whose keys are
 all blocked gets a zero output and zero gradients, not NaN. ``causal=True`` lets query ``i`` see
 key ``j`` when ``j <= i + (Lk - Lq)``: the lower triangle when ``Lq == Lk``, and the alignment of
-``tfcore.causal_mask(Lq, past=Lk - Lq)`` (queries at the end, as with a KV cache) otherwise.
+``tfcore.causal_mask(Lq, past=Lk - Lq)`` (queries at the end, as with a KV cache) when ``Lq < Lk``;
+with ``Lq > Lk`` the first ``Lq - Lk`` queries see no key and get zeros.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def online_softmax(scores: torch.Tensor, block_size: int = 64) -> torch.Tensor:
     the sum so far is rescaled by ``exp(m_old - m_new)``. A second pass writes ``exp(score - m) / l``.
     """
     _check_block("block_size", block_size)
+    if not isinstance(scores, torch.Tensor) or scores.dim() < 1 or not scores.is_floating_point():
+        what = f"{scores.dtype} tensor of shape {tuple(scores.shape)}" if isinstance(scores, torch.Tensor) \
+            else type(scores).__name__
+        raise ValueError(f"scores must be a floating-point tensor [..., n] (blocked entries -inf), got {what}")
     m = torch.full(scores.shape[:-1], -math.inf, dtype=scores.dtype, device=scores.device)
     l = torch.zeros_like(m)
     for start in range(0, scores.shape[-1], block_size):
@@ -77,6 +82,12 @@ def _prepare(q, k, v, mask, block_q, block_k):
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name} must be a 4-D [batch, heads, L, d] tensor, got {shape}; "
                              f"a single head [B, L, d] becomes 4-D with {name}.unsqueeze(1)")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must hold floating-point numbers, got {t.dtype}; convert it first, "
+                            f"e.g. {name}.float()")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}; "
+                        f"convert them first, e.g. k.to(q.dtype)")
     if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
         raise ValueError(f"q, k and v must have the same batch and heads (the first two axes), got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}; for grouped-query "
@@ -181,6 +192,12 @@ def flash_attention_backward(do, q, k, v, o, lse, mask=None, causal: bool = Fals
     """
     mask = _prepare(q, k, v, mask, block_q, block_k)
     _check_window(window, causal)
+    out_shape = (*q.shape[:-1], v.shape[-1])
+    for name, t, shape in (("do", do, out_shape), ("o", o, out_shape), ("lse", lse, tuple(q.shape[:-1]))):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must have shape {tuple(shape)} (what flash_attention_forward gives "
+                             f"for these q, k, v), got {got}")
     work = torch.promote_types(q.dtype, torch.float32)
     dtypes = q.dtype, k.dtype, v.dtype
     q, k, v, o, do = (t.to(work) for t in (q, k, v, o, do))

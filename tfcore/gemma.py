@@ -27,6 +27,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from .attention import _whole
 from .encoder import check_input_ids
 from .llama import RMSNorm, SwiGLU, apply_rotary, init_weights_, rotary_cos_sin, rotary_frequencies
 from .sliding import RollingKVCache, position_mask
@@ -60,6 +61,18 @@ class GemmaConfig:
     attention_bias: bool = False
 
     def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            _whole(name, getattr(self, name), 1)
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim ({self.head_dim}) must be even: rotary embeddings turn pairs of numbers")
+        for name in ("rope_theta", "rope_local_base_freq", "query_pre_attn_scalar"):
+            if not _positive(getattr(self, name)):
+                raise ValueError(f"{name} must be a positive number, got {getattr(self, name)!r}")
+        for name in ("final_logit_softcapping", "attn_logit_softcapping"):
+            if getattr(self, name) is not None and not _positive(getattr(self, name)):
+                raise ValueError(f"{name} must be a positive cap (or None for no soft-capping), got "
+                                 f"{getattr(self, name)!r}")
         if self.layer_types is None:
             self.layer_types = [FULL if (i + 1) % 6 == 0 else SLIDING for i in range(self.num_hidden_layers)]
         if len(self.layer_types) != self.num_hidden_layers or set(self.layer_types) - {SLIDING, FULL}:
@@ -68,8 +81,9 @@ class GemmaConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads ({self.num_attention_heads}) is not divisible by "
                              f"num_key_value_heads ({self.num_key_value_heads})")
-        if self.sliding_window is None or self.sliding_window < 1:
-            raise ValueError(f"sliding_window must be a whole number ≥ 1, got {self.sliding_window!r}")
+        if self.sliding_window is None:
+            raise ValueError("sliding_window must be a whole number ≥ 1, got None")
+        _whole("sliding_window", self.sliding_window, 1)
 
     def window(self, layer: int) -> int | None:
         """The window of layer ``layer``: ``sliding_window`` for a local layer, None for a global one."""
@@ -90,9 +104,19 @@ class GemmaRMSNorm(RMSNorm):
         return (x32 * (1.0 + self.weight.float())).to(x.dtype)
 
 
+def _positive(value) -> bool:
+    """Whether ``value`` is a finite number > 0 (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
+
+
 def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """``cap * tanh(x / cap)``: squashes ``x`` into ``(-cap, cap)``; no change when ``cap`` is None."""
-    return x if cap is None else cap * torch.tanh(x / cap)
+    """``cap * tanh(x / cap)``: squashes ``x`` into ``(-cap, cap)``; no change when ``cap`` is None.
+    ``cap`` is a finite number > 0 (a cap of 0 would give NaN)."""
+    if cap is None:
+        return x
+    if not _positive(cap):
+        raise ValueError(f"the soft-cap must be a finite number > 0 (or None for no cap), got {cap!r}")
+    return cap * torch.tanh(x / cap)
 
 
 class GemmaAttention(nn.Module):
@@ -190,10 +214,22 @@ class Gemma(nn.Module):
         return self.config.max_position_embeddings
 
     def new_cache(self, capacity: int | None = None) -> RollingKVCache:
-        """A ring buffer of ``sliding_window`` slots per local layer, a growing cache per global layer."""
+        """A ring buffer of ``sliding_window`` slots per local layer, a growing cache per global layer.
+        ``forward`` takes any ``RollingKVCache`` whose every layer keeps at least that layer's window."""
         return RollingKVCache([self.config.window(i) for i in range(len(self.layers))], capacity)
 
     def forward(self, input_ids: torch.Tensor, cache: RollingKVCache | None = None) -> torch.Tensor:
+        if cache is not None:
+            # a layer's cache may keep more than its window (None keeps every position: the mask is
+            # built from positions), never less: a ring smaller than the window forgets keys it needs
+            windows = [self.config.window(i) for i in range(len(self.layers))]
+            if not isinstance(cache, RollingKVCache) or len(cache.windows) != len(windows) or any(
+                    kept is not None and (needed is None or kept < needed)
+                    for kept, needed in zip(cache.windows, windows)):
+                got = cache.windows if isinstance(cache, RollingKVCache) else type(cache).__name__
+                raise ValueError(f"cache must be a RollingKVCache with one entry per layer that keeps at least "
+                                 f"the layer's window {windows} (None keeps every position), got {got}; make "
+                                 f"it with model.new_cache()")
         past = 0 if cache is None else cache.length
         if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and past + input_ids.shape[1] > self.max_positions:
             raise ValueError(f"positions {past}..{past + input_ids.shape[1] - 1} do not fit: the model has "

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .attention import _broadcast_mask, _whole
 from .gpt import positions_and_mask
 from .llama import RMSNorm, SwiGLU, apply_rotary, init_weights_, rotary_cos_sin, rotary_frequencies
 
@@ -59,6 +60,12 @@ class DeepseekV3Config:
     tie_word_embeddings: bool = False
 
     def __post_init__(self):
+        for name in ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers",
+                     "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                     "v_head_dim", "intermediate_size"):
+            _whole(name, getattr(self, name), 1)
+        if self.q_lora_rank is not None:
+            _whole("q_lora_rank (or None for one query matrix)", self.q_lora_rank, 1)
         if self.qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim ({self.qk_rope_head_dim}) must be even: rotary embeddings "
                              f"turn pairs of numbers")
@@ -86,8 +93,12 @@ def deinterleave(x: torch.Tensor) -> torch.Tensor:
     """``[x0, x1, x2, x3, ...] -> [x0, x2, ..., x1, x3, ...]`` on the last axis.
 
     DeepSeek rotates neighbouring pairs ``(x0, x1), (x2, x3), ...``; after this reordering they
-    sit at ``(i, i + d/2)``, the layout of ``tfcore.apply_rotary`` (Llama's).
+    sit at ``(i, i + d/2)``, the layout of ``tfcore.apply_rotary`` (Llama's). The last axis has an
+    even length.
     """
+    if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] % 2:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a tensor whose last axis holds pairs (an even length), got {got}")
     return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
 
 
@@ -105,6 +116,8 @@ class LatentLayerCache:
     of every position seen. Nothing per head is kept: the keys and values are expanded from these."""
 
     def __init__(self, capacity: int | None = None):
+        if capacity is not None:
+            _whole("capacity (or None for a cache that grows)", capacity, 1)
         self.latent: torch.Tensor | None = None
         self.k_rope: torch.Tensor | None = None
         self.capacity = capacity
@@ -115,6 +128,16 @@ class LatentLayerCache:
 
     def append(self, latent: torch.Tensor, k_rope: torch.Tensor):
         """Add the new positions' ``latent [B, L, r]`` and ``k_rope [B, L, rope]``; return all of them."""
+        for name, t in (("latent", latent), ("k_rope", k_rope)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 3:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{name} must be a 3-D [B, L, width] tensor, got {got}")
+        if latent.shape[:2] != k_rope.shape[:2]:
+            raise ValueError(f"latent {tuple(latent.shape)} and k_rope {tuple(k_rope.shape)} must hold the "
+                             f"same batch and positions (the first two axes)")
+        if self.k_rope is not None and k_rope.shape[-1] != self.k_rope.shape[-1]:
+            raise ValueError(f"the cache holds rotary keys of width {self.k_rope.shape[-1]}; new ones of "
+                             f"width {k_rope.shape[-1]} do not continue them: use model.new_cache()")
         held = None if self.latent is None else (self.latent.shape[0], self.latent.shape[-1])
         if held is not None and (latent.shape[0], latent.shape[-1]) != held:
             raise ValueError(f"the cache holds latents of shape {tuple(self.latent.shape)} ([B, S, r]); new "
@@ -141,6 +164,7 @@ class LatentCache:
     """One ``LatentLayerCache`` per layer (``cache[i]``)."""
 
     def __init__(self, num_layers: int, capacity: int | None = None):
+        _whole("num_layers", num_layers, 1)
         self.layers = [LatentLayerCache(capacity) for _ in range(num_layers)]
 
     def __getitem__(self, index: int) -> LatentLayerCache:
@@ -162,23 +186,37 @@ def absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
     The key of head h is ``W_UK[h] c``, so ``q·k = q W_UK[h] c = (W_UK[h]ᵀ q)·c``: the query
     meets the latent directly.
     """
+    if q_nope.dim() != 4 or w_uk.dim() != 3 or q_nope.shape[1] != w_uk.shape[0] \
+            or q_nope.shape[-1] != w_uk.shape[1]:
+        raise ValueError(f"q_nope [B, H, L, nope] and W_UK [H, nope, r] must agree on H and nope, got "
+                         f"{tuple(q_nope.shape)} and {tuple(w_uk.shape)} (up_projections() gives W_UK)")
     return torch.einsum("bhln,hnr->bhlr", q_nope, w_uk)
 
 
 def absorb_output(context_latent: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
     """The weighted sum of latents ``[B, H, L, r]`` times ``W_UV [H, v, r]`` -> ``[B, H, L, v]``."""
+    if context_latent.dim() != 4 or w_uv.dim() != 3 or context_latent.shape[1] != w_uv.shape[0] \
+            or context_latent.shape[-1] != w_uv.shape[-1]:
+        raise ValueError(f"context_latent [B, H, L, r] and W_UV [H, v, r] must agree on H and r, got "
+                         f"{tuple(context_latent.shape)} and {tuple(w_uv.shape)} (up_projections() gives W_UV)")
     return torch.einsum("bhlr,hvr->bhlv", context_latent, w_uv)
 
 
 def attend(q, k, v, scale: float, mask=None):
     """``softmax(q kᵀ · scale) v`` with a 1/True-means-attend mask, written out so that a FLOP
     counter sees its two matrix products. ``q [B, H, L, d]``, ``k [B, H|1, S, d]``, ``v [B, H|1, S, dv]``.
-    A query whose keys are all masked gets zero weights (and a zero output), as in tfcore.attention."""
+    A query whose keys are all masked gets zero weights (and a zero output), as in tfcore.attention.
+    ``scale`` is a positive number."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.shape[-1] != k.shape[-1] \
+            or k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"q [B, H, L, d], k [B, H|1, S, d] and v [B, H|1, S, dv] must agree on d and S, "
+                         f"got {tuple(q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
+        raise ValueError(f"scale must be a positive number (e.g. config.softmax_scale), got {scale!r}")
     scores = (q @ k.transpose(-2, -1)) * scale  # [B, H, L, S]
     if mask is None:
         return scores.softmax(dim=-1) @ v
-    allowed = mask.to(torch.bool)
-    allowed = allowed.unsqueeze(1) if allowed.dim() == 3 else allowed  # [1, L, S] -> [1, 1, L, S]
+    allowed = _broadcast_mask(mask, torch.empty(scores.shape, device="meta"))  # [1, L, S] -> [1, 1, L, S]
     weights = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).softmax(dim=-1)
     return weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0) @ v
 
@@ -243,6 +281,10 @@ class MultiHeadLatentAttention(nn.Module):
         return torch.cat([k_nope, k_rope], dim=-1), values
 
     def forward(self, x, cos, sin, mask=None, cache: LatentLayerCache | None = None, absorbed: bool = False):
+        hidden = self.config.hidden_size
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != hidden:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape [B, L, {hidden}] (hidden_size), got {got}")
         batch, length, _ = x.shape
         q_nope, q_rope = self.queries(x)
         latent, k_rope = self.compress(x)
@@ -306,6 +348,11 @@ class DeepseekV3(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, cache: LatentCache | None = None, absorbed: bool | None = None):
         absorbed = self.absorbed if absorbed is None else absorbed
+        layers = getattr(cache, "layers", None)
+        if cache is not None and (not isinstance(layers, list) or len(layers) != len(self.layers)):
+            got = f"a cache of {len(layers)} layers" if isinstance(layers, list) else type(cache).__name__
+            raise ValueError(f"cache must hold one layer per block ({len(self.layers)}), got {got}; make "
+                             f"it with model.new_cache()")
         positions, mask = positions_and_mask(input_ids, cache, self.config.vocab_size, self.max_positions)
         cos, sin = rotary_cos_sin(positions, self.inv_freq)  # [L, rope]
         x = self.embed_tokens(input_ids)
@@ -349,7 +396,11 @@ class DeepseekV3(nn.Module):
 
 
 def latent_cache_bytes_per_token(config: DeepseekV3Config, bytes_per_number: int = 2) -> int:
-    """What MLA caches per token: ``layers x (kv_lora_rank + qk_rope_head_dim)`` numbers."""
+    """What MLA caches per token: ``layers x (kv_lora_rank + qk_rope_head_dim)`` numbers, each of
+    ``bytes_per_number`` bytes (a whole number ≥ 1: 2 for bfloat16)."""
+    if not isinstance(config, DeepseekV3Config):
+        raise TypeError(f"config must be a DeepseekV3Config, got {type(config).__name__}")
+    _whole("bytes_per_number", bytes_per_number, 1)
     return config.num_hidden_layers * (config.kv_lora_rank + config.qk_rope_head_dim) * bytes_per_number
 
 

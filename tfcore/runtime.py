@@ -23,13 +23,20 @@ def shifted(seed: int) -> int:
     Every seed the book sets goes through here (``setup`` and the training loops' batch order),
     so ``TFCORE_SEED=1`` re-runs every chapter on another trajectory: the cheapest stand-in for
     another CPU or a GPU, whose last digits differ. The data sets keep their own seeds.
+    ``seed`` is an integer; the sum must lie in 0 .. 2**32 - 1, the range NumPy accepts.
     """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an integer, got {seed!r} ({type(seed).__name__})")
     offset = os.environ.get(SEED_ENV_VAR, "0").strip() or "0"
     try:
-        return seed + int(offset)
+        total = int(seed) + int(offset)
     except ValueError:
         raise ValueError(f"${SEED_ENV_VAR} must be an integer (an offset added to every seed), "
                          f"got {offset!r}") from None
+    if not 0 <= total < 2**32:
+        raise ValueError(f"the seed {seed} plus ${SEED_ENV_VAR} ({offset}) is {total}, outside 0 .. 2**32 - 1 "
+                         f"(NumPy's range): use a smaller seed or offset")
+    return total
 
 
 def setup(seed: int = 0) -> torch.device:

@@ -137,6 +137,22 @@ def neuron_model(name: str | None = None):
     return model.eval()
 
 
+def _check_sentences(sentence_a, sentence_b) -> None:
+    if not isinstance(sentence_a, str) or not (sentence_b is None or isinstance(sentence_b, str)):
+        raise TypeError(f"sentence_a must be a string and sentence_b a string or None, got "
+                        f"{type(sentence_a).__name__} and {type(sentence_b).__name__}")
+
+
+def _check_indices(name: str, values, count: int, what: str) -> None:
+    """Each of ``values`` (an int or a list of ints, or None) must lie in ``0 .. count - 1``."""
+    if values is None:
+        return
+    items = [values] if isinstance(values, int) else values
+    if isinstance(values, bool) or not isinstance(items, (list, tuple, range)) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < count for i in items):
+        raise ValueError(f"{name} must name {what} in 0..{count - 1} (this model has {count}), got {values!r}")
+
+
 def attention_inputs(sentence_a: str, sentence_b: str | None = None, model=None, tokenizer=None):
     """Run a model on one sentence (or a pair) and return ``(attentions, tokens, sentence_b_start)``.
 
@@ -145,6 +161,7 @@ def attention_inputs(sentence_a: str, sentence_b: str | None = None, model=None,
     is a tuple with one ``[1, heads, L, L]`` tensor per layer, on the CPU, as bertviz takes it
     (rounded to 4 decimals).
     """
+    _check_sentences(sentence_a, sentence_b)
     model = load_pretrained() if model is None else model
     tokenizer = load_tokenizer() if tokenizer is None else tokenizer
     device = next(model.parameters()).device
@@ -168,6 +185,8 @@ def head_view(sentence_a: str, sentence_b: str | None = None, model=None, tokeni
     from bertviz import head_view as show
 
     attentions, tokens, b_start = attention_inputs(sentence_a, sentence_b, model, tokenizer)
+    _check_indices("layer", layer, len(attentions), "a layer")
+    _check_indices("heads", heads, attentions[0].shape[1], "heads")
     return self_contained(show(attentions, tokens, sentence_b_start=b_start, layer=layer, heads=heads,
                                html_action="return"))
 
@@ -178,6 +197,7 @@ def model_view(sentence_a: str, sentence_b: str | None = None, model=None, token
     from bertviz import model_view as show
 
     attentions, tokens, b_start = attention_inputs(sentence_a, sentence_b, model, tokenizer)
+    _check_indices("include_layers", include_layers, len(attentions), "layers")
     return self_contained(show(attentions, tokens, sentence_b_start=b_start, include_layers=include_layers,
                                html_action="return"))
 
@@ -205,11 +225,15 @@ def neuron_view(sentence_a: str, sentence_b: str | None = None, layer: int = 0, 
                 model=None, tokenizer=None):
     """bertviz's neuron view: the query and key vectors behind one head's weights.
 
-    ``model`` is a :func:`neuron_model` (built from the embedded checkpoint when not given).
+    ``model`` is a :func:`neuron_model` (built from the embedded checkpoint when not given);
+    ``layer`` and ``head`` must exist in it.
     """
     from bertviz.neuron_view import show
 
+    _check_sentences(sentence_a, sentence_b)
     model = neuron_model() if model is None else model
+    _check_indices("layer", layer, model.config.num_hidden_layers, "a layer")
+    _check_indices("head", head, model.config.num_attention_heads, "a head")
     tokenizer = load_tokenizer() if tokenizer is None else tokenizer
     return self_contained(show(_Rounded(model), "bert", tokenizer, sentence_a, sentence_b, layer=layer,
                                head=head, html_action="return"))
