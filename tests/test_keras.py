@@ -248,6 +248,7 @@ def test_loss_and_schedule_match_the_torch_training():
 
 @pytest.mark.parametrize("build, problem", [
     (lambda: kt.MultiHeadAttentionLayer(30, 4), "not divisible by num_heads"),
+    (lambda: kt.MultiHeadAttentionLayer(32, 0), "num_heads must be a whole number >= 1"),
     (lambda: kt.MultiHeadAttentionLayer(32, 4)(torch.zeros(2, 5, 16)), "must have shape [B, L, 32]"),
     (lambda: kt.PositionalEmbedding(13, 8)(torch.tensor([[3, 13]])), "token ids must be in [0, 13)"),
     (lambda: kt.PositionalEmbedding(13, 8, max_len=4)(torch.ones(1, 5, dtype=torch.long)), "longer than the 4 positions"),

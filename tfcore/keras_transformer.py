@@ -124,6 +124,8 @@ class MultiHeadAttentionLayer(keras.layers.Layer):
 
     def __init__(self, d_model: int, num_heads: int, **kwargs):
         super().__init__(**kwargs)
+        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+            raise ValueError(f"num_heads must be a whole number >= 1, got {num_heads!r}")
         if d_model % num_heads:
             raise ValueError(f"d_model ({d_model}) is not divisible by num_heads ({num_heads}): every head must "
                              f"get the same width; choose a d_model that is a multiple of {num_heads}")
