@@ -122,3 +122,31 @@ def test_the_stored_book_gpt():
     assert metadata["config"] == instruct.BOOK_GPT["config"]
     assert sum(p.numel() for p in model.parameters()) == 168_192
     assert metadata["losses"]["test"] < 4.5  # perplexity under 90 on the held-out chapter
+
+
+def _framed_targets(tokenizer, ids):
+    """The target tokens that the chat-template figure frames as in the loss, left to right."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = instruct.chat_template_figure(tokenizer, ids, "reverse: 342", "243")
+    ax = fig.axes[0]
+    frames = [p for p in ax.patches if p.get_linewidth() > 2]  # the loss targets' thick frames
+    texts = {round(t.get_position()[0], 6): t.get_text() for t in ax.texts if t.get_position()[1] < 0.5}
+    framed = [texts[round(p.get_x() + p.get_width() / 2, 6)] for p in sorted(frames, key=lambda p: p.get_x())]
+    plt.close(fig)
+    return framed
+
+
+def test_chat_template_figure_frames_the_answer_and_end(chat):
+    tokenizer, ids, _ = chat
+    assert _framed_targets(tokenizer, ids) == ["2", "4", "3", "<|end|>"]
+
+
+def test_planted_bug_figure_with_a_shifted_mask_is_caught(chat, monkeypatch):
+    tokenizer, ids, _ = chat
+    monkeypatch.setattr(instruct, "loss_mask", lambda length, start, answer_only=True:
+                        torch.arange(length - 1) >= start)  # on the inputs: leaves the first answer token out
+    assert _framed_targets(tokenizer, ids) != ["2", "4", "3", "<|end|>"]

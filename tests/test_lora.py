@@ -141,3 +141,110 @@ def test_clear_errors():
     with pytest.raises(TypeError, match="wraps an nn.Linear"):
         lora.LoRALinear(nn.Embedding(3, 4))
     assert math.isclose(lora.LoRALinear(layer, r=2, alpha=8).scaling, 4.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# float64, every parameter random, every option off its default, and modules_to_save
+
+ALL_LINEAR = ["query", "key", "value", "output_linear", "linear_1", "linear_2"]
+SAVED = ["token_embeddings", "lm_head"]
+
+
+def _random_double(base):
+    """A float64 copy of ``base`` with every parameter drawn at random: norm weights around 1, biases and
+    the tied embedding away from 0, so that a parameter copied wrong or left out shows."""
+    model = copy.deepcopy(base).double()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=g, dtype=p.dtype))
+            else:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
+def _ours(peft_name):
+    """peft's name of a parameter -> ours: no wrapper prefix, no adapter name, no saved-module dict."""
+    return peft_name.removeprefix("base_model.model.").replace(".modules_to_save.default", "").replace(".default", "")
+
+
+def _double_pair(base, add=lora.add_lora):
+    """Ours and peft's on a float64 model with every parameter random: r = 4 and alpha = 12 (peft's
+    defaults are 8 and 8), every Linear of the blocks adapted, embeddings and head in modules_to_save,
+    every B drawn non-zero and each saved module moved in peft's model, and all of it copied into ours."""
+    from peft import LoraConfig, get_peft_model
+
+    model = _random_double(base)
+    ours = add(copy.deepcopy(model), ALL_LINEAR, r=4, alpha=12, modules_to_save=SAVED)
+    theirs = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=12, target_modules=ALL_LINEAR,
+                                                             modules_to_save=list(SAVED), lora_dropout=0.0))
+    g = torch.Generator().manual_seed(4)
+    mine = dict(ours.named_parameters())
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            if p.requires_grad:
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+                if "modules_to_save" in name:  # each saved copy moved off the original, differently
+                    p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+                if _ours(name) in mine:  # a model with a tied head lists it once
+                    mine[_ours(name)].copy_(p)
+    return ours, theirs
+
+
+def _train(model, steps=3):
+    """A few AdamW steps on the trainable parameters, the same batches for every model."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-2)
+    g = torch.Generator().manual_seed(5)
+    for _ in range(steps):
+        ids = torch.randint(0, 40, (4, 12), generator=g)
+        loss = torch.nn.functional.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        return model(IDS)
+
+
+def test_float64_every_parameter_random_equals_peft(base):
+    ours, theirs = _double_pair(base)
+    assert sorted(n for n, p in ours.named_parameters() if p.requires_grad) == \
+        sorted(_ours(n) for n, p in theirs.named_parameters() if p.requires_grad)
+    with torch.no_grad():
+        assert (ours(IDS) - theirs(IDS)).abs().max().item() < 1e-10
+        assert (ours(IDS) - _random_double(base)(IDS)).abs().max().item() > 0.1  # the adapters do act
+    assert (_train(ours) - _train(theirs)).abs().max().item() < 1e-10  # the same trainable set
+    a, b = lora.merge_lora(ours).state_dict(), theirs.merge_and_unload().state_dict()
+    assert list(a) == list(b) and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-10
+
+
+def test_modules_to_save_unties_the_embeddings_and_head_as_peft_does(base):
+    """peft copies each saved module: the tied head gets a weight of its own; name only the embeddings
+    and the head stays frozen. Ours does the same."""
+    ours = lora.add_lora(copy.deepcopy(base), TARGETS, r=4, modules_to_save=SAVED)
+    assert ours.token_embeddings.weight is not ours.lm_head.weight
+    assert ours.token_embeddings.weight.requires_grad and ours.lm_head.weight.requires_grad
+    only_embeddings = lora.add_lora(copy.deepcopy(base), TARGETS, r=4, modules_to_save=["token_embeddings"])
+    assert not only_embeddings.lm_head.weight.requires_grad
+
+
+def test_planted_bug_saved_modules_kept_tied_is_caught(base):
+    def tied(model, targets, r, alpha, modules_to_save):  # trains the shared weight in place: still tied
+        lora.add_lora(model, targets, r=r, alpha=alpha)
+        model.token_embeddings.weight.requires_grad_(True)
+        return model
+
+    ours, theirs = _double_pair(base, add=tied)
+    with torch.no_grad():
+        assert (ours(IDS) - theirs(IDS)).abs().max().item() > 1e-3  # peft's head is its own copy
+
+
+def test_clear_errors_for_modules_to_save(base):
+    with pytest.raises(ValueError, match="which no module of the model is named"):
+        lora.add_lora(copy.deepcopy(base), TARGETS, modules_to_save=["embed_tokens"])
+    with pytest.raises(ValueError, match="in both target_modules and modules_to_save"):
+        lora.add_lora(copy.deepcopy(base), TARGETS, modules_to_save=["query"])
+    with pytest.raises(ValueError, match="inside a module trained in full"):
+        lora.add_lora(copy.deepcopy(base), TARGETS, modules_to_save=["attention"])

@@ -5,10 +5,17 @@ as ``peft`` draws it by default (Kaiming-uniform with ``a = sqrt(5)``, nn.Linear
 ``B [out, r]`` zeros, so that the adapted model starts exactly at the base model. The names follow
 ``peft``'s LoRA layer: ``base_layer``, ``lora_A``, ``lora_B``, ``scaling`` (peft keeps one of each per
 adapter, in a dict under the adapter's name, ``"default"``).
+
+Scope, checked equal to peft 0.21.2 (``tests/test_lora.py``, in float32 and float64): ``LoraConfig``'s
+``r``, ``lora_alpha``, ``target_modules`` and ``modules_to_save``, with ``lora_dropout=0``,
+``bias="none"`` and the default initialisation. Not covered: dropout on the adapter's input, trained
+biases, rsLoRA's ``alpha / sqrt(r)``, DoRA and the other initialisations; ``add_lora`` has no argument
+for them. Names are matched by their last dotted part (peft matches a suffix of the whole name).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -52,33 +59,59 @@ class LoRALinear(nn.Module):
         return linear
 
 
-def add_lora(model: nn.Module, target_modules, r: int = 8, alpha: float = 8.0) -> nn.Module:
+def add_lora(model: nn.Module, target_modules, r: int = 8, alpha: float = 8.0,
+             modules_to_save=()) -> nn.Module:
     """Freeze every parameter of ``model`` and replace each ``nn.Linear`` whose name (the last part of
     its dotted name, as in peft's ``target_modules``) is in ``target_modules`` by a ``LoRALinear``, in
-    place. Returns the model. A clear error when no layer matches or a match is not a Linear."""
+    place. Returns the model. A clear error when no layer matches or a match is not a Linear.
+
+    ``modules_to_save``: names of modules trained in full beside the adapters, as peft's
+    ``modules_to_save``: each is replaced by a trainable copy of itself. Like peft's copy, it has
+    parameters of its own: a weight it shared with another module (tied embeddings and output layer)
+    is no longer shared, and the module not named stays frozen.
+    """
     if isinstance(target_modules, str):
         target_modules = [target_modules]
+    if isinstance(modules_to_save, str):
+        modules_to_save = [modules_to_save]
     model.requires_grad_(False)
+    both = set(target_modules) & set(modules_to_save)
+    if both:
+        raise ValueError(f"{sorted(both)} is in both target_modules and modules_to_save: a module is either "
+                         f"adapted or trained in full")
+    to_save = [name for name, _ in model.named_modules() if name.split(".")[-1] in modules_to_save]
+    if len({name.split(".")[-1] for name in to_save}) != len(set(modules_to_save)):
+        missing = sorted(set(modules_to_save) - {name.split(".")[-1] for name in to_save})
+        raise ValueError(f"modules_to_save names {missing}, which no module of the model is named "
+                         f"(peft would ignore it silently)")
     matches = [(name, module) for name, module in model.named_modules()
                if name.split(".")[-1] in target_modules and not isinstance(module, LoRALinear)]
     if not matches:
         names = sorted({name.split(".")[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
         raise ValueError(f"no module of the model is named {list(target_modules)}; its Linear layers are "
                          f"named {names}")
+    inside = [name for name, _ in matches if any(name.startswith(saved + ".") for saved in to_save)]
+    if inside:
+        raise ValueError(f"{inside} would be adapted inside a module trained in full; name one or the other")
     for name, module in matches:
         if not isinstance(module, nn.Linear):
             raise TypeError(f"{name} is a {type(module).__name__}; LoRA here adapts nn.Linear layers only")
-        parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-        setattr(parent, name.split(".")[-1], LoRALinear(module, r, alpha))
+        _replace(model, name, LoRALinear(module, r, alpha))
+    for name in to_save:
+        _replace(model, name, copy.deepcopy(model.get_submodule(name)).requires_grad_(True))
     return model
+
+
+def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+    setattr(parent, name.split(".")[-1], module)
 
 
 def merge_lora(model: nn.Module) -> nn.Module:
     """Replace every ``LoRALinear`` by its ``merged()`` Linear, in place; returns the model."""
     for name, module in list(model.named_modules()):
         if isinstance(module, LoRALinear):
-            parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-            setattr(parent, name.split(".")[-1], module.merged())
+            _replace(model, name, module.merged())
     return model
 
 
