@@ -146,6 +146,8 @@ class AttentionHead(nn.Module):
 
     def __init__(self, embed_dim: int, head_dim: int):
         super().__init__()
+        self.embed_dim = _whole("embed_dim", embed_dim, 1)
+        _whole("head_dim", head_dim, 1)
         self.q = nn.Linear(embed_dim, head_dim)
         self.k = nn.Linear(embed_dim, head_dim)
         self.v = nn.Linear(embed_dim, head_dim)
@@ -154,6 +156,11 @@ class AttentionHead(nn.Module):
         """``key`` defaults to ``query`` and ``value`` to ``key`` (self-attention)."""
         key = query if key is None else key
         value = key if value is None else value
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(x, torch.Tensor) or x.dim() < 2 or x.shape[-1] != self.embed_dim:
+                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"{name} must be a tensor [..., L, embed_dim] with embed_dim = "
+                                 f"{self.embed_dim}, the width this head was built for; got {shape}")
         output, weights = scaled_dot_product_attention(self.q(query), self.k(key), self.v(value), mask,
                                                        need_weights=return_weights)
         return (output, weights) if return_weights else output
