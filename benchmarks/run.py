@@ -46,9 +46,12 @@ Decoding faster (chapter 21):
 - ``speculative``: the book-prose target of chapter 21 (``tfcore.speculative.load_decoding_model``)
   generating 96 greedy tokens after 16 with its KV cache (``tfcore.generate``), against speculative
   greedy decoding with the draft proposing k = 1..6 tokens per round (the same tokens asserted),
-  and the draft alone; with each k, the proposals accepted and checked. Then the target's forward
+  and the draft alone; with each k, the proposals accepted and checked. The target's cached pass
+  over 1 to 7 new tokens after 40 cached positions (201 turns, median). Then the target's forward
   pass over 8 blocks of 128 tokens with float32 weights, with tfcore's int8 weights
-  (``tfcore.quantization``) and with ``torch.ao.quantization.quantize_dynamic`` (CPU).
+  (``tfcore.quantization``) and with ``torch.ao.quantization.quantize_dynamic`` (CPU). With
+  ``--threads 1`` on the CPU these are timed on the thread's CPU time (``time.thread_time``), so
+  that a busy machine's waits are not counted; each row records its ``clock``.
 
 FlashAttention (chapter 17):
 
@@ -173,11 +176,12 @@ def _gpt2_pair(sizes: dict, positions: int, device):
     return reference, tfcore.GPT.from_transformers(reference).to(device)
 
 
-def _take_turns(statements: dict, repeats: int, env: dict) -> dict:
-    """Median seconds of each statement, measured in turns with torch.utils.benchmark.Timer."""
+def _take_turns(statements: dict, repeats: int, env: dict, timer=time.perf_counter) -> dict:
+    """Median seconds of each statement, measured in turns with torch.utils.benchmark.Timer (on the
+    wall clock, or on ``timer``: ``time.thread_time`` counts only this thread's CPU time)."""
     from torch.utils import benchmark
 
-    timers = {name: benchmark.Timer(stmt, globals=env, num_threads=torch.get_num_threads())
+    timers = {name: benchmark.Timer(stmt, globals=env, num_threads=torch.get_num_threads(), timer=timer)
               for name, stmt in statements.items()}
     for timer in timers.values():  # warm-up
         timer.timeit(1)
@@ -252,17 +256,21 @@ def per_token(models: dict, positions, repeats: int, device) -> list[dict]:
     return rows
 
 
-def speculative(ks, new_tokens: int, repeats: int, device) -> list[dict]:
+def speculative(ks, new_tokens: int, repeats: int, pass_repeats: int, device) -> list[dict]:
     """Chapter 21: the book-prose target's cached greedy decoding, against speculative greedy decoding
-    with the draft proposing k tokens per round (same tokens asserted), and the target's forward
-    pass with float32 and with int8 weights."""
+    with the draft proposing k tokens per round (same tokens asserted); the target's cached pass
+    over 1..7 new tokens (``pass_repeats`` turns, median); and the target's forward pass with
+    float32 and with int8 weights."""
     import copy
     import warnings
 
     import tfcore
     from tfcore.quantization import quantize_linears
-    from tfcore.speculative import decoding_data, load_decoding_model, speculative_generate
+    from tfcore.speculative import decoding_data, load_decoding_model, speculative_generate, truncate_cache
 
+    # On the CPU, this thread's CPU time (run with --threads 1): a busy, shared machine does not
+    # count the moments the thread waits (as chapter 20 times its layers)
+    clock = {"timer": time.thread_time} if device == "cpu" and torch.get_num_threads() == 1 else {}
     target, draft = (load_decoding_model(name)[0].to(device) for name in ("target", "draft"))
     data = decoding_data()
     ids = data["test"][0][:1, :16].to(device)  # the first 16 tokens of the held-out chapter
@@ -281,9 +289,26 @@ def speculative(ks, new_tokens: int, repeats: int, device) -> list[dict]:
                                           "proposed": sum(stats["proposed"]), "checked": checked,
                                           "rounds": len(stats["accepted"]), "target_calls": stats["target_calls"],
                                           "draft_calls": stats["draft_calls"]}
-    seconds = _take_turns(statements, repeats, env)
+    seconds = _take_turns(statements, repeats, env, **clock)
     rows = [{"what": what, "part": "decoding", "new_tokens": new_tokens, "prompt": ids.shape[1], "seconds": t,
              "tokens_per_second": new_tokens / t, **details.get(what, {})} for what, t in seconds.items()]
+    # The target's cached pass over 1..7 new tokens after 40 cached positions: what a round of k
+    # proposals costs the target (k + 1 tokens) against one plain cached step (1 token).
+    context = data["test"][0][:1, :47].to(device)
+    cache = target.new_cache(capacity=128)
+    with torch.no_grad():
+        target(context[:, :40], cache=cache)
+
+    def cached_pass(n):
+        with torch.no_grad():
+            target(context[:, 40:40 + n], cache=cache)
+        truncate_cache(cache, 40)  # back to the 40 cached positions
+
+    passes = {f"target cached pass, {n} new tokens": n for n in range(1, 8)}
+    seconds = _take_turns({what: f"cached_pass({n})" for what, n in passes.items()}, pass_repeats,
+                          {"cached_pass": cached_pass}, **clock)
+    rows += [{"what": what, "part": "pass", "new_tokens": passes[what], "cached": 40, "seconds": t}
+             for what, t in seconds.items()]
     batch = data["test"][0][:8].to(device)  # [8, 128]: a forward pass over 8 blocks of the held-out chapter
     small = quantize_linears(copy.deepcopy(target))
     with warnings.catch_warnings():
@@ -297,9 +322,9 @@ def speculative(ks, new_tokens: int, repeats: int, device) -> list[dict]:
     if device == "cpu":  # quantize_dynamic runs on the CPU only
         forward["target forward, int8 dynamic (torch quantize_dynamic)"] = dynamic
     seconds = _take_turns({what: f"models[{what!r}](batch)" for what in forward}, repeats,
-                          {"models": forward, "batch": batch})
+                          {"models": forward, "batch": batch}, **clock)
     rows += [{"what": what, "part": "forward", "batch": list(batch.shape), "seconds": t} for what, t in seconds.items()]
-    return rows
+    return [row | {"clock": "thread CPU time" if clock else "wall"} for row in rows]
 
 
 def attention_alone(lengths, repeats, device) -> list[dict]:
@@ -817,7 +842,7 @@ def main() -> None:
         "allocation": lambda device: [row for threads in ([1] if args.smoke else [1, 2]) for row in allocation(
             [16, 32] if args.smoke else [256, 512, 1024, 2048], 2 if args.smoke else 25, device, threads)],
         "speculative": lambda device: speculative([1, 3] if args.smoke else [1, 2, 3, 4, 5, 6], 16 if args.smoke else 96,
-                                                  2 if args.smoke else 9, device),
+                                                  2 if args.smoke else 9, 2 if args.smoke else 201, device),
         "flash": lambda device: flash([32] if args.smoke else [512, 1024, 2048, 4096, 8192] + (
             [16384, 32768] if device == "cuda" else []), 1 if args.smoke else 5, device),
     }

@@ -50,6 +50,8 @@ def test_smoke_run_writes_results_and_plot(tmp_path):
     assert {"target greedy (cached)", "draft greedy (cached)", "speculative, k=1", "speculative, k=3",
             "target forward, float32", "target forward, int8 weights (tfcore)"} <= set(speculative)
     assert all(r["same_tokens"] for what, r in speculative.items() if what.startswith("speculative"))
+    passes = [r for r in results["speculative"] if r["part"] == "pass"]
+    assert sorted(r["new_tokens"] for r in passes) == list(range(1, 8)) and all(r["seconds"] > 0 for r in passes)
 
 
 def _seconds(rows, what, **where):
@@ -169,3 +171,6 @@ def test_committed_speculative_rows_chapter_21_reads(committed):
     best = max(rows["target greedy (cached)"]["seconds"] / r["seconds"] for r in ks)
     assert best >= 1.5, best  # the issue's target: 1.5x over plain cached greedy, same tokens
     assert {"target forward, float32", "target forward, int8 weights (tfcore)"} <= set(rows)
+    # §21.5 puts the cost of the target's cached pass over k + 1 tokens into Leviathan et al.'s formula
+    passes = {r["new_tokens"]: r for r in committed["speculative"] if r["device"] == "cpu" and r["part"] == "pass"}
+    assert sorted(passes) == list(range(1, 8)) and all(r["cached"] == 40 and r["seconds"] > 0 for r in passes.values())
