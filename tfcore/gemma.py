@@ -258,7 +258,7 @@ class Gemma(nn.Module):
         attention biases, tied or untied output layer, the final soft-cap); checked in float64
         within 1e-10 (tests/test_gemma.py). Refused with an error: any ``rope_scaling`` (which
         transformers applies to the global layers only; the released 128K models use one) and
-        ``use_bidirectional_attention``. The reference's dtype is kept.
+        ``use_bidirectional_attention``. The reference's dtype and device are kept.
         """
         hf = model.config
         if getattr(hf, "model_type", None) != "gemma3_text":
@@ -283,7 +283,8 @@ class Gemma(nn.Module):
                              layer_types=list(hf.layer_types), final_logit_softcapping=hf.final_logit_softcapping,
                              attn_logit_softcapping=None,  # read by transformers' config, never applied
                              tie_word_embeddings=hf.tie_word_embeddings, attention_bias=hf.attention_bias)
-        gemma = cls(config).to(next(model.parameters()).dtype)  # keep the reference's dtype
+        reference = next(model.parameters())
+        gemma = cls(config).to(device=reference.device, dtype=reference.dtype)  # the reference's device and dtype
         state = {name.removeprefix("model."): tensor for name, tensor in model.state_dict().items()
                  if "rotary_emb" not in name}
         gemma.load_state_dict(state, strict=True)

@@ -388,7 +388,8 @@ class DeepseekV3(nn.Module):
             hidden_act=hf.hidden_act, rms_norm_eps=hf.rms_norm_eps, rope_theta=rope.get("rope_theta", 10000.0),
             rope_interleave=bool(hf.rope_interleave), attention_bias=hf.attention_bias,
             tie_word_embeddings=hf.tie_word_embeddings)
-        ours = cls(config).to(next(model.parameters()).dtype)  # keep the reference's dtype
+        reference = next(model.parameters())
+        ours = cls(config).to(device=reference.device, dtype=reference.dtype)  # the reference's device and dtype
         state = {name.removeprefix("model."): tensor for name, tensor in model.state_dict().items()
                  if "rotary_emb" not in name}
         ours.load_state_dict(state, strict=True)
