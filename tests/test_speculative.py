@@ -84,6 +84,63 @@ def test_truncate_cache_and_clear_errors():
         spec.speculative_generate(target, target, torch.zeros(1, 3, dtype=torch.long), 4, k=0)
 
 
+MLA_SIZES = dict(vocab_size=16, max_position_embeddings=40, hidden_size=8, num_hidden_layers=2,
+                 num_attention_heads=2, q_lora_rank=4, kv_lora_rank=4, qk_nope_head_dim=2, qk_rope_head_dim=2,
+                 v_head_dim=2, intermediate_size=8)
+
+
+def _latent_model(seed, moved=0.0):
+    """A small DeepseekV3 (latent attention, a LatentCache) with widely spread random weights;
+    ``moved`` > 0 then moves each weight by that much noise (a draft that mostly agrees)."""
+    torch.manual_seed(seed)
+    model = tfcore.DeepseekV3(tfcore.DeepseekV3Config(**MLA_SIZES))
+    g, noise = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.7 + moved * torch.randn(p.shape, generator=noise))
+    return model.eval()
+
+
+def _latent_runs(target, draft, prompts, ks=(1, 4)):
+    """Whether speculative decoding gave the target's greedy tokens for every prompt and k; the
+    proposals accepted and made over all runs."""
+    equal, accepted, proposed = True, 0, 0
+    for k, i in itertools.product(ks, range(len(prompts))):
+        ids = prompts[i:i + 1]
+        out, stats = spec.speculative_generate(target, draft, ids, 30, k=k, return_stats=True)
+        equal &= torch.equal(out, tfcore.generate(target, ids, 30))
+        accepted, proposed = accepted + sum(stats["accepted"]), proposed + sum(stats["proposed"])
+    return equal, accepted, proposed
+
+
+def test_latent_cache_rolls_back_exactly():
+    """DeepseekV3's LatentCache is cut along its positions: the target's greedy tokens, with both
+    accepted and rejected proposals; a roll-back that skips the latent caches is caught."""
+    target, draft = _latent_model(0), _latent_model(0, moved=0.2)
+    prompts = torch.randint(0, MLA_SIZES["vocab_size"], (2, 4), generator=torch.Generator().manual_seed(3))
+    equal, accepted, proposed = _latent_runs(target, draft, prompts)
+    assert equal and 0 < accepted < proposed
+    assert _latent_runs(target, target, prompts[:1])[0]
+    original = spec.truncate_cache
+
+    def skips_latents(cache, length):
+        return cache if isinstance(cache, tfcore.LatentCache) else original(cache, length)
+
+    spec.truncate_cache = skips_latents
+    try:
+        caught = not _latent_runs(target, draft, prompts, ks=(3,))[0]
+    except (ValueError, RuntimeError):  # the stale positions break the bookkeeping
+        caught = True
+    finally:
+        spec.truncate_cache = original
+    assert caught
+    cache = tfcore.LatentCache(2)  # a cache that grows (no capacity)
+    for layer in cache.layers:
+        layer.append(torch.ones(1, 5, 4), torch.ones(1, 5, 2))
+    spec.truncate_cache(cache, 2)
+    assert cache.length == 2 and cache[1].k_rope.shape == (1, 2, 2)
+
+
 def exact_round_distribution(p, q):
     """The exact distribution of the first token a speculative round emits, for one draft token:
     accept x ~ q with min(1, p/q), else draw from the residual."""

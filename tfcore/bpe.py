@@ -102,13 +102,34 @@ class ByteLevelBPE:
     by rank) and ``special_tokens`` (never split, ids ``0 .. n-1``).
 
     ``encode(text)`` -> ids, ``decode(ids)`` -> text; ``decode(encode(s)) == s`` for every string ``s``.
+    Checked when built: the tokens are distinct strings, the vocabulary holds the 256 byte characters
+    and the special tokens, and each merge is a pair of tokens whose parts and join are in it.
     """
 
     def __init__(self, vocab: list[str], merges: list[tuple[str, str]], special_tokens=(),
                  pattern: str = GPT2_PATTERN, cache: bool = True):
+        if isinstance(vocab, str) or isinstance(special_tokens, str):
+            raise TypeError("vocab and special_tokens must be lists of token strings, not one string")
         self.vocab = list(vocab)
         self.token_to_id = {token: i for i, token in enumerate(self.vocab)}
-        self.merges = list(merges)
+        if not all(isinstance(token, str) and token for token in self.vocab) \
+                or len(self.token_to_id) != len(self.vocab):
+            raise ValueError("vocab must list distinct, non-empty token strings (its index is the id)")
+        self.merges = [tuple(pair) if isinstance(pair, (tuple, list)) else pair for pair in merges]
+        for rank, pair in enumerate(self.merges):
+            if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
+                raise ValueError(f"merge {rank} must be a pair of token strings (left, right), got {pair!r}")
+            missing = [t for t in (*pair, pair[0] + pair[1]) if t not in self.token_to_id]
+            if missing:
+                raise ValueError(f"merge {rank} {pair!r}: {', '.join(map(repr, missing))} not in the vocabulary; "
+                                 f"each merge's two parts and their join must be tokens of vocab")
+        absent = [char for char in BYTE_TO_CHAR.values() if char not in self.token_to_id]
+        if absent:
+            raise ValueError(f"vocab lacks {len(absent)} of the 256 byte characters (e.g. {absent[0]!r}): a "
+                             f"byte-level BPE spells any text in bytes; start vocab from bytes_to_unicode()")
+        unknown = [token for token in special_tokens if token not in self.token_to_id]
+        if unknown:
+            raise ValueError(f"special tokens {unknown} are not in the vocabulary: give each an id in vocab")
         self.ranks = {pair: rank for rank, pair in enumerate(self.merges)}  # pair of strings -> rank
         self.special_tokens = list(special_tokens)
         self.pattern = pattern

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .attention import _whole
+
 
 class LayerCache:
     """The keys and values of one attention layer; empty (``keys is None``) until first used.
@@ -24,6 +26,8 @@ class LayerCache:
     """
 
     def __init__(self, capacity: int | None = None):
+        if capacity is not None:  # 0 is let through: tfcore.generate asks for 0 with 1 token and 0 new
+            _whole("capacity (the most positions it will hold, or None for a cache that grows)", capacity, 0)
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.capacity = capacity
@@ -35,6 +39,9 @@ class LayerCache:
 
     def append(self, keys: torch.Tensor, values: torch.Tensor):
         """Self-attention: add the new positions' ``[B, H_kv, L_new, d]``; return all of them."""
+        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+            raise TypeError(f"keys and values must be tensors [B, H_kv, L_new, d], got "
+                            f"{type(keys).__name__} and {type(values).__name__}")
         if keys.dim() != 4 or values.dim() != 4 or keys.shape[:3] != values.shape[:3]:
             raise ValueError(f"keys {tuple(keys.shape)} and values {tuple(values.shape)} must be "
                              f"[B, H_kv, L_new, d] with the same B, H_kv and L_new (d may differ)")
@@ -76,6 +83,7 @@ class KVCache:
     caches."""
 
     def __init__(self, num_layers: int, cross_attention: bool = False, capacity: int | None = None):
+        _whole("num_layers (one cache per attention layer)", num_layers, 1)
         self.layers = [LayerCache(capacity) for _ in range(num_layers)]
         self.cross = [LayerCache() for _ in range(num_layers)] if cross_attention else None
 

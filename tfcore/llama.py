@@ -11,6 +11,7 @@ keys and values ``[B, H_kv, L, head_dim]`` with ``H_kv`` dividing ``H``.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -80,9 +81,25 @@ def rotary_frequencies(head_dim: int, theta: float = 10000.0, scaling: dict | No
 
     ``scaling`` is transformers' ``rope_parameters`` for the "linear" and "llama3" variants, which
     slow the low frequencies down so that a model reaches past its training length.
+    ``head_dim`` is a whole, even number ≥ 2 (the numbers turn in pairs), ``theta`` positive.
     """
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    if isinstance(head_dim, bool) or not isinstance(head_dim, numbers.Integral) or head_dim < 2 or head_dim % 2:
+        raise ValueError(f"head_dim must be an even whole number >= 2: rotary embeddings turn pairs of "
+                         f"numbers, got {head_dim!r}")
+    if isinstance(theta, bool) or not isinstance(theta, numbers.Real) or not 0 < theta < math.inf:
+        raise ValueError(f"theta (the base of the rotary angles) must be a positive number, got {theta!r}")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise ValueError(f"scaling must be a dict like transformers' rope_parameters (or None), "
+                         f"got {type(scaling).__name__}")
     kind = (scaling or {}).get("rope_type", "default")
+    needed = {"linear": ("factor",),
+              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+    missing = [key for key in needed.get(kind, ()) if key not in scaling]
+    if missing:
+        raise ValueError(f"rotary scaling {kind!r} needs {', '.join(needed[kind])}; missing {', '.join(missing)}")
+    if kind in needed and not scaling["factor"] > 0:
+        raise ValueError(f"the rotary scaling factor must be positive, got {scaling['factor']!r}")
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
     if kind == "linear":
         inv_freq = inv_freq / scaling["factor"]
     elif kind == "llama3":

@@ -23,6 +23,7 @@ Shapes: ``N`` tokens (batch and positions flattened), ``E`` experts, ``k`` exper
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -37,12 +38,30 @@ from .mla import DeepseekV3, DeepseekV3Config
 # Gates
 
 
+def _check_gate_inputs(logits, k, bias) -> int:
+    """``logits [N, E]`` floating point, ``k`` a whole number in 1..E, ``bias`` None or ``[E]``;
+    returns ``E``."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not logits.is_floating_point():
+        got = f"{tuple(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a floating-point [N, E] tensor (tokens by experts), got {got}; "
+                         f"flatten the batch first, logits.reshape(-1, E)")
+    num_experts = logits.shape[-1]
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= num_experts:
+        raise ValueError(f"k (experts per token) must be a whole number between 1 and the {num_experts} "
+                         f"experts, got {k!r}")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (num_experts,)):
+        got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+        raise ValueError(f"bias must hold one number per expert, shape ({num_experts},), got {got}")
+    return num_experts
+
+
 def softmax_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None):
     """Mixtral's gates. ``logits [N, E]`` -> ``weights [N, k]`` (each row sums to 1), ``indices [N, k]``.
 
     Softmax over all ``E`` experts, top ``k`` probabilities, divided by their sum. ``bias [E]`` (not
     Mixtral's; used in chapter 20's training runs) is added to the probabilities for choosing only.
     """
+    _check_gate_inputs(logits, k, bias)
     probs = logits.float().softmax(dim=-1)
     choice = probs if bias is None else probs + bias
     indices = choice.topk(k, dim=-1).indices
@@ -59,9 +78,18 @@ def sigmoid_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None,
     the gates are the chosen *unbiased* scores, divided by their sum (``norm_topk_prob``), times
     ``routed_scaling_factor``.
     """
-    num_tokens, num_experts = logits.shape
-    if num_experts % n_group:
-        raise ValueError(f"{num_experts} experts do not split into n_group={n_group} equal groups")
+    num_experts = _check_gate_inputs(logits, k, bias)
+    num_tokens = logits.shape[0]
+    if isinstance(n_group, bool) or not isinstance(n_group, numbers.Integral) or n_group < 1 \
+            or num_experts % n_group:
+        raise ValueError(f"{num_experts} experts do not split into n_group={n_group!r} equal groups")
+    if isinstance(topk_group, bool) or not isinstance(topk_group, numbers.Integral) \
+            or not 1 <= topk_group <= n_group:
+        raise ValueError(f"topk_group (groups kept) must be a whole number between 1 and n_group={n_group}, "
+                         f"got {topk_group!r}")
+    if k > topk_group * (num_experts // n_group):
+        raise ValueError(f"k={k} experts cannot be chosen inside topk_group={topk_group} groups of "
+                         f"{num_experts // n_group}: raise topk_group or lower k")
     scores = logits.float().sigmoid()
     choice = scores if bias is None else scores + bias
     per_group = choice.view(num_tokens, n_group, num_experts // n_group)
@@ -107,6 +135,16 @@ class Experts(nn.ModuleList):
 
 def tokens_per_expert(indices: torch.Tensor, num_experts: int) -> torch.Tensor:
     """``indices [N, k]`` -> ``[E]``: how many (token, slot) pairs each expert received."""
+    if isinstance(num_experts, bool) or not isinstance(num_experts, numbers.Integral) or num_experts < 1:
+        raise ValueError(f"num_experts must be a whole number >= 1, got {num_experts!r}")
+    if not isinstance(indices, torch.Tensor) or indices.is_floating_point() or indices.is_complex() \
+            or indices.dtype == torch.bool:
+        got = indices.dtype if isinstance(indices, torch.Tensor) else type(indices).__name__
+        raise ValueError(f"indices must be an integer tensor of expert numbers, got {got}")
+    if indices.numel() and not 0 <= int(indices.min()) <= int(indices.max()) < num_experts:
+        raise ValueError(f"expert indices must lie in [0, num_experts={num_experts}), got values from "
+                         f"{int(indices.min())} to {int(indices.max())} (a dropped pair's -1 is not counted: "
+                         f"count the routing before dropping)")
     return torch.bincount(indices.flatten(), minlength=num_experts)
 
 
@@ -375,8 +413,16 @@ def load_balancing_loss(router_logits, top_k: int) -> torch.Tensor:
     to ``k``) and ``P_i`` the mean softmax probability of expert ``i``; the loss is ``E * sum_i f_i P_i``,
     ``k`` when both are uniform. ``f`` has no gradient; ``P`` carries it to the router.
     """
-    logits = torch.cat(list(router_logits)) if isinstance(router_logits, (list, tuple)) else router_logits
+    layers = list(router_logits) if isinstance(router_logits, (list, tuple)) else [router_logits]
+    shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in layers]
+    if not layers or not all(isinstance(t, torch.Tensor) and t.dim() == 2 and t.is_floating_point()
+                             for t in layers) or len({shape[-1] for shape in shapes}) != 1:
+        raise ValueError(f"router_logits must be floating-point [N, E] tensors, one per layer, all with the "
+                         f"same number of experts E; got {shapes or 'nothing'}")
+    logits = torch.cat(layers)
     num_experts = logits.shape[-1]
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k must be a whole number between 1 and the {num_experts} experts, got {top_k!r}")
     probs = logits.float().softmax(dim=-1)  # [N, E]
     chosen = probs.topk(top_k, dim=-1).indices  # [N, k]
     f = F.one_hot(chosen, num_experts).sum(dim=1).float().mean(dim=0)  # [E], sums to k

@@ -8,8 +8,14 @@ else draw from the residual ``max(0, p - q)`` renormalised; the tokens then foll
 distribution exactly.
 
 Models are those of ``tfcore.generate``: ``model(input_ids [B, L], cache=None)`` -> logits
-``[B, L, vocab]``, with ``new_cache()`` and ``max_positions`` (``tfcore.GPT``, ``tfcore.Llama``).
-Batch size 1: each sequence accepts a different number of tokens.
+``[B, L, vocab]``, with ``new_cache()`` and ``max_positions``, whose cache can be rolled back
+(``truncate_cache``): a ``KVCache`` (``tfcore.GPT``, ``tfcore.Llama``, ``Mixtral``) or a
+``LatentCache`` (``tfcore.DeepseekV3``), checked equal to ``tfcore.generate`` for GPT and
+DeepseekV3 targets (``tests/test_speculative.py``). Refused: Gemma's ``RollingKVCache``: a local
+layer of window ``W`` keeps only its last ``W`` positions, so writing ``k`` proposals overwrites
+the ``k`` oldest, and once two or more proposals are rejected the next token's window reaches
+positions that are gone. Draft and target share one vocabulary. Batch size 1: each sequence
+accepts a different number of tokens.
 
 This module also holds the two book-prose GPTs of chapter 21 (``load_decoding_model``).
 """
@@ -17,31 +23,52 @@ This module also holds the two book-prose GPTs of chapter 21 (``load_decoding_mo
 from __future__ import annotations
 
 import json
+import numbers
 from importlib.resources import files
 
 import torch
 
 from .cache import KVCache
 from .generation import _check_sampling, next_token_probs
+from .mla import LatentCache
 
 # ---------------------------------------------------------------------------------------------
 # The KV cache, rolled back
 
 
-def truncate_cache(cache: KVCache, length: int) -> KVCache:
+def truncate_cache(cache: KVCache | LatentCache, length: int) -> KVCache | LatentCache:
     """Forget every cached position from ``length`` on (keys ``[B, H, L, d]`` -> ``[B, H, length, d]``).
 
     After a rejection the positions of the rejected tokens hold keys and values computed from
     tokens that are not in the sequence: they must go. A cache with a capacity keeps its room and
-    writes the next positions from ``length`` on.
+    writes the next positions from ``length`` on. A ``LatentCache`` (DeepSeek-V3) is cut the same
+    way along its positions (latents ``[B, S, r]`` -> ``[B, length, r]``).
     """
-    if not 0 <= length <= cache.length:
-        raise ValueError(f"cannot truncate a cache of {cache.length} positions to {length}; "
-                         f"the length must lie in 0..{cache.length}")
+    _check_rollback(cache)
+    if isinstance(length, bool) or not isinstance(length, numbers.Real) or not 0 <= length <= cache.length \
+            or int(length) != length:
+        raise ValueError(f"cannot truncate a cache of {cache.length} positions to {length!r}; "
+                         f"the length must be a whole number in 0..{cache.length}")
+    length = int(length)
     for layer in cache.layers:
-        if layer.keys is not None:
+        if isinstance(cache, LatentCache):
+            if layer.latent is not None:
+                layer.latent, layer.k_rope = layer.latent[:, :length], layer.k_rope[:, :length]
+        elif layer.keys is not None:
             layer.keys, layer.values = layer.keys[..., :length, :], layer.values[..., :length, :]
     return cache
+
+
+def _check_rollback(cache) -> None:
+    """A cache ``truncate_cache`` can roll back: a ``KVCache`` without cross-attention, or a ``LatentCache``."""
+    if isinstance(cache, LatentCache) or (isinstance(cache, KVCache) and cache.cross is None):
+        return
+    kind = type(cache).__name__
+    why = (" (a local layer keeps only its last W positions: after two or more rejected proposals, "
+           "positions the next token's window reaches have been overwritten)" if kind == "RollingKVCache" else "")
+    raise TypeError(f"speculative decoding rolls its caches back after a rejection, and only a KVCache of a "
+                    f"decoder-only model (tfcore.GPT, tfcore.Llama, Mixtral) or a LatentCache (DeepseekV3) "
+                    f"can be; got a {kind}{why}. Decode this model with tfcore.generate")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -52,11 +79,24 @@ def accepted_prefix_length(draft_tokens: torch.Tensor, target_tokens: torch.Tens
     """How many leading proposals the target agrees with: ``draft_tokens [k]`` against the target's
     argmax ``target_tokens [k]`` after each prefix. Stops at the first disagreement: a later
     proposal was drafted after a wrong token and is not verified."""
+    if not (isinstance(draft_tokens, torch.Tensor) and isinstance(target_tokens, torch.Tensor)
+            and draft_tokens.dim() == 1 and draft_tokens.shape == target_tokens.shape):
+        shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                  for t in (draft_tokens, target_tokens)]
+        raise ValueError(f"draft_tokens and target_tokens must be two [k] tensors of the same shape, got {shapes}")
     agree = (draft_tokens == target_tokens).long()
     return int(agree.cumprod(dim=0).sum())
 
 
 def _check_pair(target, draft, input_ids, max_new_tokens, k):
+    for name, model in (("target", target), ("draft", draft)):
+        if not all(hasattr(model, attribute) for attribute in ("new_cache", "max_positions")):
+            raise TypeError(f"the {name} must be a decoder-only model with new_cache() and max_positions "
+                            f"(tfcore.GPT, tfcore.Llama, ...), got {type(model).__name__}")
+    vocabularies = [getattr(getattr(model, "config", None), "vocab_size", None) for model in (target, draft)]
+    if None not in vocabularies and vocabularies[0] != vocabularies[1]:
+        raise ValueError(f"the target's vocabulary has {vocabularies[0]} tokens and the draft's {vocabularies[1]}: "
+                         f"the draft must propose token ids of the target's vocabulary (one tokenizer for both)")
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError("input_ids must be a non-empty prompt of shape [B, L]")
     if input_ids.shape[0] != 1:
@@ -94,6 +134,7 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, max_new_tokens:
     states = target.training, draft.training
     target.eval(), draft.eval()
     target_cache, draft_cache = target.new_cache(capacity=total), draft.new_cache(capacity=total)
+    _check_rollback(target_cache), _check_rollback(draft_cache)
     ids = input_ids
     stats = {"accepted": [], "proposed": [], "target_calls": 0, "draft_calls": 0}
     while ids.shape[1] < total:
@@ -106,6 +147,7 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, max_new_tokens:
         for _ in range(k_round):
             logits = draft(step_input, cache=draft_cache)[:, -1]  # [1, vocab]
             stats["draft_calls"] += 1
+            draft_width = logits.shape[-1]
             if temperature == 0:
                 token = logits.argmax(dim=-1, keepdim=True)
             else:
@@ -117,6 +159,9 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, max_new_tokens:
         proposed = torch.cat([ids[:, target_cache.length:]] + proposals, dim=1)  # [1, unseen + k_round]
         logits = target(proposed, cache=target_cache)[0, -(k_round + 1):]  # [k_round + 1, vocab]
         stats["target_calls"] += 1
+        if proposals and draft_width != logits.shape[-1]:  # models without a config.vocab_size
+            raise ValueError(f"the target scores {logits.shape[-1]} tokens and the draft {draft_width}: the "
+                             f"draft must propose token ids of the target's vocabulary")
         drafted = torch.cat(proposals, dim=1)[0] if proposals else ids.new_empty(0)  # [k_round]
         if temperature == 0:
             target_tokens = logits.argmax(dim=-1)  # the target's choice after each prefix
@@ -165,6 +210,10 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     The mass that p has above q, renormalised. If p equals q nothing is ever rejected and the
     residual is undefined; we then return p.
     """
+    if not isinstance(p, torch.Tensor) or not isinstance(q, torch.Tensor) or p.shape != q.shape:
+        shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (p, q)]
+        raise ValueError(f"p and q must be distributions of the same shape [..., vocab], got {shapes[0]} "
+                         f"and {shapes[1]}: target and draft must share one vocabulary")
     residual = torch.clamp(p - q, min=0.0)
     mass = residual.sum(dim=-1, keepdim=True)
     return torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(p.dtype).tiny), p)
@@ -178,7 +227,11 @@ def verify_samples(p: torch.Tensor, q: torch.Tensor, drafted: torch.Tensor, u: t
     ``(m, token)``: the first ``m`` proposals are kept, then ``token`` (a residual draw at the
     first rejection, or a draw from ``p[k]`` when all ``k`` are kept).
     """
-    k = drafted.shape[0]
+    k = drafted.shape[0] if isinstance(drafted, torch.Tensor) and drafted.dim() == 1 else None
+    shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (p, q, drafted, u)]
+    if k is None or p.dim() != 2 or p.shape[0] != k + 1 or q.shape != (k, p.shape[1]) or u.shape != (2 * k + 1,):
+        raise ValueError(f"verify_samples takes p [k + 1, vocab], q [k, vocab], drafted [k] and u [2k + 1]; got "
+                         f"{', '.join(map(str, shapes))}")
     for j in range(k):
         if u[j] < acceptance_probability(p[j], q[j], drafted[j]):
             continue

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import math
+import numbers
 from pathlib import Path
 
 import torch
@@ -105,6 +106,11 @@ def train_classifier(model, train, validation, epochs: int, lr: float, batch_siz
     mode is then the same model as this one (chapter 8). ``frozen_in_eval=False`` switches
     dropout on in the frozen parts too.
     """
+    for name, value, least in (("epochs", epochs, 0), ("batch_size", batch_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+            raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
+        raise ValueError(f"lr must be a number > 0, got {lr!r}")
     *inputs, labels = train
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
@@ -191,8 +197,22 @@ def label_smoothed_nll(log_probs, target, epsilon: float, ignore_index: int = PA
     ``F.cross_entropy(..., label_smoothing=epsilon)`` does), so the loss is
     ``(1 - epsilon) * NLL + epsilon * mean over the vocabulary of -log p``. Even a perfect model
     cannot push it to 0: its floor is the entropy of the smoothed target.
+    ``epsilon`` lies in [0, 1); at least one target must not be ``ignore_index`` (else there is
+    nothing to average: a ValueError, not NaN).
     """
+    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or not 0.0 <= epsilon < 1.0:
+        raise ValueError(f"epsilon (the smoothing) must lie in [0, 1), got {epsilon!r}; 0 is plain cross-entropy")
+    if not isinstance(log_probs, torch.Tensor) or log_probs.dim() != 2 or not log_probs.is_floating_point():
+        got = tuple(log_probs.shape) if isinstance(log_probs, torch.Tensor) else type(log_probs).__name__
+        raise ValueError(f"log_probs must be floating-point [N, V] (flatten the batch first), got {got}")
+    if not isinstance(target, torch.Tensor) or target.shape != log_probs.shape[:1] or target.is_floating_point():
+        got = tuple(target.shape) if isinstance(target, torch.Tensor) else type(target).__name__
+        raise ValueError(f"target must be integer token ids [N] with N = {log_probs.shape[0]}, got {got}")
     keep = target != ignore_index
+    if not keep.any():
+        raise ValueError(f"every target is ignore_index ({ignore_index}): no token to score")
+    if not 0 <= int(target[keep].min()) <= int(target[keep].max()) < log_probs.shape[1]:
+        raise ValueError(f"target ids must lie in 0..{log_probs.shape[1] - 1} (the vocabulary of log_probs)")
     log_probs, target = log_probs[keep], target[keep]
     nll = -log_probs.gather(1, target[:, None]).squeeze(1)
     return ((1.0 - epsilon) * nll - epsilon * log_probs.mean(dim=1)).mean()
