@@ -40,7 +40,7 @@ PARTS = [  # (part, colour, [(number, short title, what you build)]), read left 
                                             (21, "Decoding faster", "speculative decoding, int8")]),
     ("From text to assistant", "#e6f0d0", [(22, "Tokenizer from scratch", "byte-level BPE, as tokenizers"),
                                            (23, "From LM to assistant", "chat template, LoRA, DPO")]),
-    ("Appendix", "#eeeeee", [(24, "The model in Keras", "proven equal, model.fit")]),
+    ("Appendix", "#eeeeee", [(24, "The model in Keras", "checked equal, model.fit")]),
 ]
 COLUMNS = 4  # parts per row: two rows keep the text legible at the book's column width
 # The reading order: each chapter builds on the last (24 is an appendix).
