@@ -131,7 +131,9 @@ def _framed_targets(tokenizer, ids):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig = instruct.chat_template_figure(tokenizer, ids, "reverse: 342", "243")
+    from tfcore import diagrams
+
+    fig = diagrams.chat_template_figure(tokenizer, ids, "reverse: 342", "243")
     ax = fig.axes[0]
     frames = [p for p in ax.patches if p.get_linewidth() > 2]  # the loss targets' thick frames
     texts = {round(t.get_position()[0], 6): t.get_text() for t in ax.texts if t.get_position()[1] < 0.5}

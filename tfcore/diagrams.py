@@ -488,3 +488,38 @@ def encoder_decoder_diagram(source, target, next_tokens=None) -> Diagram:
             "stream and adds its output back (+)", ha="center", va="center", fontsize=FONT + 1, gid="title")
     _fit(fig, ax, width, height, scale=0.55)  # the tallest drawing: 7 inches at most
     return fig
+
+
+def chat_template_figure(tokenizer, ids: dict, prompt: str, answer: str):
+    """Chapter 23: draw one example in the chat template: its input tokens on top, below each one its target (the
+    next token), and which targets the loss takes (``loss_mask``). Returns the matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    from . import instruct  # chapter 23's template; read at call time
+
+    sequence, start = instruct.encode_chat(tokenizer, ids, prompt, answer)
+    in_loss = instruct.loss_mask(len(sequence), start).tolist()
+    names = [tokenizer.id_to_token(i).replace("\u0120", "\u2423") for i in sequence]  # a space shown as ␣
+    n = len(sequence) - 1
+    fig, ax = plt.subplots(figsize=(7.6, 2.1))
+    role = ["special" if i in ids.values() else "prompt" if t < start else "answer" for t, i in enumerate(sequence)]
+    fill = {"special": "#d9d9d9", "prompt": "#cfe2f3", "answer": "#d9ead3"}
+    widths = [max(1.0, 0.13 * max(len(names[t]), len(names[t + 1])) + 0.2) for t in range(n)]  # column t
+    left = [sum(widths[:t]) for t in range(n)]
+    for t in range(n):
+        x, w = left[t], widths[t]
+        for y, k, edge in ((1.0, t, "black"), (0.0, t + 1, "#d94801" if in_loss[t] else "#bdbdbd")):
+            ax.add_patch(FancyBboxPatch((x + 0.06, y), w - 0.12, 0.5, boxstyle="round,pad=0.02", facecolor=fill[role[k]],
+                                        edgecolor=edge, linewidth=2.2 if y == 0 and in_loss[t] else 0.8))
+            ax.text(x + w / 2, y + 0.25, names[k], ha="center", va="center", fontsize=7.5,
+                    color="black" if y == 1 or in_loss[t] else "#969696")
+        ax.annotate("", (x + w / 2, 0.52), (x + w / 2, 0.98), arrowprops=dict(arrowstyle="->", color="#737373", lw=0.8))
+    ax.text(-0.1, 1.25, "input", ha="right", va="center", fontsize=9)
+    ax.text(-0.1, 0.25, "target", ha="right", va="center", fontsize=9)
+    ax.set_xlim(-1.1, sum(widths) + 0.1)
+    ax.set_ylim(-0.15, 1.65)
+    ax.axis("off")
+    ax.set_title(f"{len(sequence)} tokens, {n} targets; the {sum(in_loss)} with an orange frame are in the loss "
+                 f"(blue: prompt, green: answer, grey: special)", fontsize=9)
+    fig.tight_layout()
+    return fig
