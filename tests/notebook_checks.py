@@ -58,6 +58,9 @@ def _output_texts(cell):
                 yield value if isinstance(value, str) else "".join(value)
 
 
+# The book's code column shows about 80 characters at 1280 px (14 px monospace in 684 px, padding
+# included): a code line or a text output line wider than this hides behind a scroll bar.
+LINE_LENGTH = 79
 MAX_BYTES = 1_000_000  # what a reader downloads: a notebook, or a page of the book
 # Code that reads the clock. What it measures depends on the machine and its load, so such a cell
 # may print only claims (tfcore.check lines, with the value inside "[this run: ...]").
@@ -105,7 +108,8 @@ def hygiene_problems(path: Path) -> list[str]:
                                 f"claim: nothing checks it; add a tfcore.check, or compare the output")
         if CLOCK.search(cell.source):
             printed = [line for text in _output_texts(cell) for line in text.splitlines() if line.strip()]
-            unchecked = [line for line in printed if not CLAIM_LINE.match(line)]
+            unchecked = [line for before, line in zip([""] + printed, printed)
+                         if not CLAIM_LINE.match(line) and not (_continues_a_claim(before, line))]
             if unchecked:
                 problems.append(f"code cell {i} reads the clock and prints {unchecked[0]!r}: a time depends on "
                                 f"the machine; print only claims (tfcore.check) about it")
@@ -120,6 +124,43 @@ def hygiene_problems(path: Path) -> list[str]:
             if match:
                 problems.append(f"code cell {i} output shows a local path near {text[max(0, match.start() - 30):match.end() + 30]!r}")
     return problems
+
+
+def width_problems(path: Path, width: int = LINE_LENGTH) -> list[str]:
+    """Every line the built book shows in a code block fits its code column: the code of each cell
+    the book shows (not the Colab install cell, tagged ``remove-cell``), the code blocks of the
+    prose, and every text output. ``tools/fit_code.py`` fits the code; outputs are fitted by hand
+    (``tfcore.check`` wraps its claims)."""
+    nb = nbformat.read(path, as_version=4)
+    problems = []
+    for i, cell in enumerate(code_cells(nb), 1):
+        if "remove-cell" in cell.metadata.get("tags", []):
+            continue
+        wide = [line for line in cell.source.splitlines() if len(line) > width]
+        if wide:
+            problems.append(f"code cell {i}: {len(wide)} code line(s) wider than {width} characters, "
+                            f"e.g. {wide[0][:50]!r}... ({len(wide[0])}): run tools/fit_code.py")
+        if "remove-output" in cell.metadata.get("tags", []):
+            continue
+        lines = [line for text in _output_texts(cell) if not text.lstrip().startswith("<")
+                 for line in ANSI_COLOURS.sub("", text).splitlines()]
+        wide = [line for line in lines if len(line) > width]
+        if wide:
+            problems.append(f"code cell {i}: {len(wide)} output line(s) wider than {width} characters, "
+                            f"e.g. {wide[0][:50]!r}... ({len(wide[0])})")
+    for j, cell in enumerate((c for c in nb.cells if c.cell_type == "markdown"), 1):
+        # a fence with a language or none is a code block; "```{dropdown}" and the like hold prose
+        blocks = re.findall(r"^```[\w-]*\n(.*?)^```", cell.source, re.MULTILINE | re.DOTALL)
+        wide = [line for block in blocks for line in block.splitlines() if len(line) > width]
+        if wide:
+            problems.append(f"markdown cell {j}: a code block line wider than {width} characters: "
+                            f"{wide[0][:50]!r}... ({len(wide[0])})")
+    return problems
+
+
+def _continues_a_claim(before: str, line: str) -> bool:
+    """A printed claim wraps at LINE_LENGTH: its continuation lines start with two spaces."""
+    return line.startswith("  ") and (CLAIM_LINE.match(before) is not None or before.startswith("  "))
 
 
 def _normalized(node: ast.AST) -> str:

@@ -93,6 +93,18 @@ def _internal_links(page, path: Path) -> list[str]:
     return broken
 
 
+def _sideways(page) -> list[str]:
+    """The code blocks and text outputs that scroll sideways at this width (dropdowns opened
+    first; a cell hidden behind a toggle is checked on the stored notebook instead, by
+    tests/test_notebooks.py's width test)."""
+    return page.evaluate("""() => {
+        document.querySelectorAll('details').forEach(d => { d.open = true; });
+        return [...document.querySelectorAll('div.cell_input pre, div.cell_output pre, div.highlight pre')]
+            .filter(p => p.clientWidth > 0 && p.scrollWidth > p.clientWidth + 1)
+            .map(p => p.textContent.split('\\n').reduce((a, b) => (b.length > a.length ? b : a), '').slice(0, 60));
+    }""")
+
+
 def test_every_page_renders_offline(html, browser):
     SHOTS.mkdir(exist_ok=True)
     found = {"pages": 0, "math": 0, "figures": 0, "neuron": 0, "head": 0, "model": 0}
@@ -124,6 +136,8 @@ def test_every_page_renders_offline(html, browser):
                 problems.append(f"{name}: neuron view {div} did not expand to its query/key detail")
 
         problems += [f"{name}: broken internal link {href}" for href in _internal_links(page, path)]
+        problems += [f"{name}: a code block or output scrolls sideways at 1280 px: {line!r}..."
+                     for line in _sideways(page)]
         page.screenshot(path=str(SHOTS / (name.replace("/", "__") + ".png")), full_page=True)
         page.close()
 
@@ -132,6 +146,16 @@ def test_every_page_renders_offline(html, browser):
     assert found["pages"] == len(toc_files()) >= 14, found
     assert found["math"] > 0 and found["figures"] > 10, found
     assert min(found["neuron"], found["head"], found["model"]) >= 1, found
+
+
+def test_a_code_line_wider_than_the_column_is_found(html, browser):
+    """The sideways check is not vacuous: a line widened in a chapter's first code cell is found."""
+    path = next(p for p in pages(html) if p.parent.name == "notebooks")
+    visit = Visit(browser, path)
+    visit.page.evaluate("""() => { const pre = document.querySelector('div.cell_input pre');
+                                  pre.append('\\n' + 'x = 1  # ' + 'y'.repeat(300)); }""")
+    assert any("y" * 40 in line for line in _sideways(visit.page))
+    visit.page.close()
 
 
 def _stored_view_outputs() -> list[tuple[str, str]]:

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import tfcore
+from tfcore import claims
 from tfcore.claims import ClaimError
 
 
@@ -34,7 +35,9 @@ def test_claims_about_the_embedded_checkpoint_are_checked_only_there(monkeypatch
     monkeypatch.setenv("TFCORE_CHECKPOINT", str(tmp_path))
     tfcore.check("the pretrained head reaches 0.90", False, measured=0.4, embedded_only=True)
     out = capsys.readouterr().out
-    assert out.startswith("– the pretrained head reaches 0.90  [this run: 0.4]  (a claim about the embedded")
+    assert out.startswith("– the pretrained head reaches 0.90  [this run: 0.4]  (a claim about")
+    assert " ".join(out.split()).startswith("– the pretrained head reaches 0.90 [this run: 0.4] (a claim about "
+                                            "the embedded checkpoint; not checked on")
     assert str(tmp_path) in out
     with pytest.raises(ClaimError):  # a claim about any checkpoint is still checked
         tfcore.check("shapes agree", False)
@@ -58,3 +61,17 @@ def test_nbval_masks_what_this_run_measured_and_nothing_else():
     pattern = re.search(r"\[this-run\]\nregex: (.*)\n", rules).group(1)
     line = "✓ loss below 0.01  [this run: 0.0042]\nstep  250/1500  [this run: loss 0.053]\nshape [2, 5]\n"
     assert re.sub(pattern, "X", line) == "✓ loss below 0.01  X\nstep  250/1500  X\nshape [2, 5]\n"
+
+
+def test_a_long_claim_wraps_to_the_code_column_and_keeps_its_value_whole(capsys):
+    claim = ("the validation accuracy ends well above chance (1/6) and well below 1: between 0.35 "
+             "and 0.85, on every seed tried")
+    tfcore.check(claim, True, measured={"first": 2.972, "last": 0.347, "falls": 3})
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert len(lines) > 1 and all(len(line) <= claims.WIDTH for line in lines), out
+    assert lines[0].startswith("✓ the validation") and all(line.startswith("  ") for line in lines[1:])
+    assert "[this run: first 2.972, last 0.347, falls 3]" in lines[-1]
+    assert " ".join(line.strip() for line in lines).startswith("✓ " + claim)
+    tfcore.check("short", True, measured=0.5)
+    assert capsys.readouterr().out == "✓ short  [this run: 0.5]\n"

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from notebook_checks import (ROOT, colab_problems, hygiene_problems, nbval, sync_problems,
-                             toc_notebooks)
+from notebook_checks import (LINE_LENGTH, ROOT, colab_problems, hygiene_problems, nbval, sync_problems,
+                             toc_notebooks, width_problems)
 
 NOTEBOOKS = sorted(ROOT.glob("notebooks/*.ipynb"))
 REPO_URL = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
@@ -39,6 +39,23 @@ def test_notebook_hygiene(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_agrees_with_tfcore(path):
     assert sync_problems(path) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_line_fits_the_code_column(path):
+    assert width_problems(path) == []
+
+
+def test_the_code_is_formatted_to_the_code_column():
+    """ruff's formatter at the book's line length (tools/fit_code.py runs it and splits what it
+    cannot) leaves every chapter as it is."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "ruff", "format", "--isolated", "--check",
+                             f"--line-length={LINE_LENGTH}", *map(str, NOTEBOOKS)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -89,6 +106,18 @@ def _executed(source, count, *outputs):
 def _ignored(cell):
     cell.metadata["tags"] = ["nbval-ignore-output"]
     return cell
+
+
+def test_a_line_wider_than_the_code_column_is_found(tmp_path):
+    fits = _executed("x = 1", 1, new_output("stream", name="stdout", text="✓ fits\n"))
+    assert width_problems(_notebook(tmp_path, new_markdown_cell("# T"), fits)) == []
+    wide_code = _executed("x = 1  # " + "y" * 80, 1)
+    wide_output = _executed("x = 1", 1, new_output("stream", name="stdout", text="z" * 80 + "\n"))
+    wide_block = new_markdown_cell("# T\n\n```python\n" + "w" * 80 + "\n```\n")
+    dropdown = new_markdown_cell("```{dropdown} Why\n" + "prose " * 20 + "\n```\n")
+    found = width_problems(_notebook(tmp_path, wide_block, dropdown, wide_code, wide_output))
+    assert [p.split(":")[0] for p in found] == ["code cell 1", "code cell 2", "markdown cell 1"], found
+    assert "code line" in found[0] and "output line" in found[1]
 
 
 def test_hygiene_accepts_uncompared_outputs_that_are_checked_claims_or_views(tmp_path):

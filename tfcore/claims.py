@@ -17,11 +17,24 @@ checked, and do not raise, so that every chapter runs on any BERT.
 
 from __future__ import annotations
 
+import textwrap
 from numbers import Real
+
+# The book's code column shows about 80 characters: a printed claim wraps to fit it, its
+# continuation lines indented by two spaces, and "[this run: ...]" is never broken.
+WIDTH = 79
 
 
 class ClaimError(AssertionError):
     """A claim the book makes did not hold in this run."""
+
+
+def _fit(first: str, claim: str, shown: str, after: str = "") -> str:
+    """``first claim shown after`` wrapped at WIDTH, continuation lines indented by two spaces;
+    ``shown`` (the "[this run: ...]" part) is kept whole on one line."""
+    text = f"{first} {claim}{shown.replace(' ', chr(0)).replace(chr(0) * 2 + '[', '  [', 1)}{after}"
+    lines = textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+    return "\n".join(lines).replace(chr(0), " ")
 
 
 def _show(value) -> str:
@@ -32,6 +45,9 @@ def _show(value) -> str:
 
 def check(claim: str, holds, measured=None, *, embedded_only: bool = False) -> None:
     """Print ``✓ claim`` when ``holds`` is true; raise :class:`ClaimError` naming the claim otherwise.
+
+    The printed claim is wrapped at 79 characters (the book's code column), continuation lines
+    indented by two spaces; ``[this run: ...]`` is never broken across lines.
 
     ``measured`` (a number, or a dict of names to numbers) is what this run gave; it is printed
     inside ``[this run: ...]`` so that a reader sees it while nbval ignores its digits.
@@ -64,10 +80,10 @@ def check(claim: str, holds, measured=None, *, embedded_only: bool = False) -> N
         from .checkpoint import active_checkpoint, is_embedded
 
         if not is_embedded():
-            print(f"– {claim}{shown}  (a claim about the embedded checkpoint; not checked on "
-                  f"{active_checkpoint()})")
+            print(_fit("–", claim, shown, f"  (a claim about the embedded checkpoint; not checked on "
+                                          f"{active_checkpoint()})"))
             return None
     if not holds:
         raise ClaimError(f"✗ {claim}{shown}: this claim of the book does not hold in this run")
-    print(f"✓ {claim}{shown}")
+    print(_fit("✓", claim, shown))
     return None
