@@ -134,8 +134,8 @@ def train_classifier(model, train, validation, epochs: int, lr: float, batch_siz
         history["validation_accuracy"].append(accuracy(model, *validation))
         if log is not None:
             log(f"epoch {epoch:2d}/{epochs}  [this run: loss {history['loss'][-1]:.2f}, "
-                f"train accuracy {history['train_accuracy'][-1]:.2f}, "
-                f"validation accuracy {history['validation_accuracy'][-1]:.2f}]")
+                f"accuracy: train {history['train_accuracy'][-1]:.2f}, "
+                f"validation {history['validation_accuracy'][-1]:.2f}]")
     return history
 
 
