@@ -531,10 +531,8 @@ OTHERS = [
     case("cache-layers-float", lambda: cache.KVCache(2.5), ValueError, "num_layers"),
     case("cache-capacity-negative", lambda: cache.LayerCache(capacity=-1), ValueError, "capacity"),
     case("cache-capacity-float", lambda: cache.KVCache(2, capacity=3.5), ValueError, "capacity"),
-    # capacity 0 is let through: tfcore.generate asks for 0 with a one-token prompt and 0 new tokens
-    # (total - 1); refuse it once generate asks for max(total - 1, 1)
-    case("cache-capacity-zero", lambda: cache.LayerCache(capacity=0), ValueError, "capacity",
-         todo="generation asks for capacity 0"),
+    # generate and greedy_decode ask for at least 1 (a one-token prompt with 0 new tokens: max(total - 1, 1))
+    case("cache-capacity-zero", lambda: cache.LayerCache(capacity=0), ValueError, "capacity"),
     case("cache-append-not-tensor", lambda: cache.LayerCache().append([1.0], [1.0]), TypeError, "tensors"),
     case("cache-append-over-capacity", lambda: cache.LayerCache(capacity=2).append(t(1, 1, 3, 4), t(1, 1, 3, 4)),
          ValueError, "room for 2"),
@@ -544,7 +542,7 @@ OTHERS = [
     case("decoder-not-divisible", lambda: decoder.make_model(10, 10, d_model=10, h=3, verbose=False), ValueError,
          "not divisible"),
     case("decoder-vocab-zero", lambda: decoder.make_model(0, 10, d_model=8, h=2, verbose=False), ValueError,
-         "vocab", todo="decoder"),
+         "vocab"),
     case("decoder-greedy-max-len", lambda: decoder.greedy_decode(small_encoder_decoder(), IDS,
                                                                  torch.ones(1, 1, 3, dtype=torch.bool), 0, 1),
          ValueError, "max_len"),
@@ -556,12 +554,11 @@ OTHERS = [
          ValueError, "beam_size"),
     # dpo
     case("dpo-shapes", lambda: dpo.dpo_loss(torch.zeros(3), torch.zeros(2), torch.zeros(3), torch.zeros(3)),
-         ValueError, "shape", todo="dpo"),
+         ValueError, "shape"),
     case("dpo-beta-zero", lambda: dpo.dpo_loss(*(torch.zeros(3),) * 4, beta=0), ValueError, "beta"),
     # encoder
-    case("encoder-sinusoid-odd", lambda: encoder.sinusoidal_positions(10, 7), ValueError, "even", todo="encoder"),
-    case("encoder-sinusoid-zero", lambda: encoder.sinusoidal_positions(0, 8), ValueError, "max_len",
-         todo="encoder"),
+    case("encoder-sinusoid-odd", lambda: encoder.sinusoidal_positions(10, 7), ValueError, "even"),
+    case("encoder-sinusoid-zero", lambda: encoder.sinusoidal_positions(0, 8), ValueError, "max_len"),
     case("encoder-float-ids", lambda: encoder.TransformerEncoder(bert_config())(IDS.float()), TypeError,
          "integer token ids"),
     # generation
@@ -587,14 +584,13 @@ OTHERS = [
         IDS, attention_mask=torch.ones(1, 4)), ValueError, "attention_mask"),
     # instruct
     case("instruct-task", lambda: instruct.make_instruction("nope", 3), ValueError, "unknown task"),
-    case("instruct-loss-mask-start", lambda: instruct.loss_mask(3, 5), ValueError, "answer_start",
-         todo="instruct"),
+    case("instruct-loss-mask-start", lambda: instruct.loss_mask(3, 5), ValueError, "answer_start"),
     case("instruct-empty-mask", lambda: instruct.masked_loss(t(1, 2, 5), torch.zeros(1, 2, dtype=torch.long),
                                                              torch.zeros(1, 2, dtype=torch.bool)),
          ValueError, "selects no position"),
     # layers
     case("layers-wrong-width", lambda: layers.TransformerEncoderLayer(bert_config())(t(1, 3, 6)), ValueError,
-         "hidden_size", todo="layers"),
+         "hidden_size"),
     # llama
     case("llama-kv-heads", lambda: llama.Llama(llama.LlamaConfig(
         vocab_size=20, max_position_embeddings=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
@@ -683,9 +679,9 @@ OTHERS = [
          "q [k, vocab]"),
     case("spec-load-name", lambda: speculative.load_decoding_model("nope"), ValueError, "unknown decoding model"),
     # stats
-    case("stats-wilson-n-zero", lambda: stats.wilson_interval(0, 0), ValueError, "n", todo="stats"),
-    case("stats-wilson-more-than-n", lambda: stats.wilson_interval(5, 3), ValueError, "correct", todo="stats"),
-    case("stats-mcnemar-negative", lambda: stats.mcnemar_exact(-1, 3), ValueError, "only_first", todo="stats"),
+    case("stats-wilson-n-zero", lambda: stats.wilson_interval(0, 0), ValueError, "n"),
+    case("stats-wilson-more-than-n", lambda: stats.wilson_interval(5, 3), ValueError, "correct"),
+    case("stats-mcnemar-negative", lambda: stats.mcnemar_exact(-1, 3), ValueError, "only_first"),
     # training
     case("training-schedule", lambda: training.lr_factor(1, 10, 2, schedule="cosine2"), ValueError, "schedule"),
     case("training-digit-lengths", lambda: training.digit_reversal(5, 8, 4), ValueError, "min_len"),
@@ -710,8 +706,7 @@ OTHERS = [
         1, 0.0, log=None), ValueError, "lr"),
     case("training-word-senses-split", lambda: training.load_word_senses("nope"), ValueError, "split"),
     # translation
-    case("translation-language", lambda: translation.number_words(3, "xx"), ValueError, "xx",
-         todo="translation"),
+    case("translation-language", lambda: translation.number_words(3, "xx"), ValueError, "xx"),
     case("translation-split-overlap", lambda: translation.split_numbers(1, 100, 80, 80), ValueError, "fewer"),
     case("translation-score-lengths", lambda: translation.translation_scores(["a"], ["a", "b"]), ValueError,
          "references"),
@@ -743,8 +738,11 @@ def test_other_modules_accept():
     assert speculative.speculative_generate(small_gpt(), small_gpt(), IDS, 3).shape == (1, 6)
     # accepted at the edges of the new checks
     assert len(bpe.ByteLevelBPE(BYTES + ["ab"], [("a", "b")], ["<eos>"] * 0).encode("ab")) == 1
-    assert cache.LayerCache(capacity=0).capacity == 0  # tfcore.generate asks for it (see the case above)
-    assert generation.generate(small_gpt(), IDS[:, :1], 0).shape == (1, 1)
+    assert cache.LayerCache(capacity=1).capacity == 1
+    assert generation.generate(small_gpt(), IDS[:, :1], 0).shape == (1, 1)  # asks for capacity 1, not 0
+    assert generation.generate(small_mla(), IDS[:, :1], 0).shape == (1, 1)  # LatentLayerCache refuses 0
+    assert decoder.greedy_decode(small_encoder_decoder(), IDS, torch.ones(1, 1, 3, dtype=torch.bool), 1, 1,
+                                 use_cache=True).shape == (1, 1)
     assert llama.rotary_frequencies(np.int64(2), theta=np.float64(100.0)).shape == (1,)
     assert moe.softmax_topk(t(3, 4), 4)[1].shape == (3, 4) and moe.sigmoid_topk(t(3, 8), 4, n_group=4,
                                                                                 topk_group=2)[1].shape == (3, 4)
@@ -759,3 +757,9 @@ def test_other_modules_accept():
     assert 0 < low < 0.8 < high < 1 and stats.mcnemar_exact(3, 3) == 1.0
     assert 0 < training.lr_factor(1, 10, 2) <= 1
     assert translation.number_words(21, "en") == "twenty-one"
+    # accepted at the edges of the checks above
+    assert encoder.sinusoidal_positions(np.int64(1), 2).tolist() == [[0.0, 1.0]]
+    assert instruct.loss_mask(2, 1).tolist() == [True] and instruct.loss_mask(5, 4, answer_only=False).all()
+    assert stats.wilson_interval(0, 1)[0] == pytest.approx(0, abs=1e-12)
+    assert stats.wilson_interval(0.95 * 469, 469)[1] < 1 and stats.mcnemar_exact(0, 0) == 1.0
+    assert translation.number_words(3, "de_AT") == "drei"  # num2words falls back to the first two letters

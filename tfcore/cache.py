@@ -22,12 +22,12 @@ class LayerCache:
     position again. With a ``capacity`` (the most positions it will hold), the first ``append``
     allocates room for all of them and each later one writes its positions in place: ``keys``
     and ``values`` are then views of the filled part. ``tfcore.generate`` knows the final length
-    and uses it.
+    and uses it. A capacity is a whole number >= 1 (a cache with room for nothing is an error).
     """
 
     def __init__(self, capacity: int | None = None):
-        if capacity is not None:  # 0 is let through: tfcore.generate asks for 0 with 1 token and 0 new
-            _whole("capacity (the most positions it will hold, or None for a cache that grows)", capacity, 0)
+        if capacity is not None:
+            _whole("capacity (the most positions it will hold, or None for a cache that grows)", capacity, 1)
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.capacity = capacity

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from transformers import BertConfig
 
-from .attention import MultiHeadAttention, causal_mask
+from .attention import MultiHeadAttention, _whole, causal_mask
 from .cache import KVCache
 from .encoder import check_input_ids, sinusoidal_positions
 from .layers import FeedForward, TransformerEncoderLayer
@@ -107,10 +107,12 @@ class EncoderDecoder(nn.Module):
     ``forward(src, tgt, src_mask=None, tgt_mask=None)`` -> decoder hidden states ``[B, Lt, d]``;
     ``tgt_mask`` defaults to the causal mask. ``generator(hidden)`` gives log-probabilities.
     ``decode(..., cache=model.new_cache())`` decodes incrementally (chapter 15): ``tgt`` then holds
-    only the positions not yet in the cache.
+    only the positions not yet in the cache. ``src_vocab`` and ``tgt_vocab`` are whole numbers >= 1.
     """
 
     def __init__(self, config, src_vocab: int, tgt_vocab: int):
+        _whole("src_vocab (the source vocabulary's size, the number of token ids)", src_vocab, 1)
+        _whole("tgt_vocab (the target vocabulary's size, the number of token ids)", tgt_vocab, 1)
         super().__init__()
         self.src_embed = ScaledEmbedding(src_vocab, config)
         self.tgt_embed = ScaledEmbedding(tgt_vocab, config)
@@ -141,7 +143,10 @@ class EncoderDecoder(nn.Module):
 
 def make_model(src_vocab: int, tgt_vocab: int, N: int = 2, d_model: int = 512, d_ff: int = 2048,
                h: int = 8, dropout: float = 0.1, verbose: bool = True) -> EncoderDecoder:
-    """An ``EncoderDecoder`` with ``N`` layers each side, Xavier-initialised; prints its size."""
+    """An ``EncoderDecoder`` with ``N`` layers each side, Xavier-initialised; prints its size.
+
+    ``src_vocab`` and ``tgt_vocab`` (the vocabulary sizes) are whole numbers >= 1; ``d_model`` is
+    even (the sinusoidal positions) and divisible by ``h``."""
     config = BertConfig(hidden_size=d_model, num_hidden_layers=N, num_attention_heads=h,
                         intermediate_size=d_ff, hidden_dropout_prob=dropout,
                         attention_probs_dropout_prob=dropout, layer_norm_eps=1e-5, norm_first=True)
@@ -182,7 +187,7 @@ def greedy_decode(model, src, src_mask, max_len: int, start_symbol: int, use_cac
     _check_search(src, src_mask, max_len)
     memory = model.encode(src, src_mask)
     ys = torch.full((src.shape[0], 1), start_symbol, dtype=torch.long, device=src.device)
-    cache = model.new_cache(capacity=max_len - 1) if use_cache else None
+    cache = model.new_cache(capacity=max(max_len - 1, 1)) if use_cache else None  # a capacity is >= 1
     for _ in range(max_len - 1):
         tgt = ys[:, -1:] if use_cache else ys
         log_probs = model.generator(model.decode(memory, src_mask, tgt, cache=cache)[:, -1])

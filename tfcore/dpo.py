@@ -35,8 +35,18 @@ def dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejecte
     """The DPO loss (eq. 7), the mean over pairs, and the implicit rewards; every argument ``[B]``.
 
     Returns ``(loss, chosen_rewards [B], rejected_rewards [B])`` with ``reward = beta * (log pi - log pi_ref)``
-    (detached: they are reported, not trained on).
+    (detached: they are reported, not trained on). The four are tensors of one shape ``[B]``: entry ``i``
+    of each belongs to pair ``i``.
     """
+    logps = (policy_chosen, policy_rejected, reference_chosen, reference_rejected)
+    if not all(isinstance(x, torch.Tensor) for x in logps):
+        raise TypeError(f"dpo_loss needs four tensors [B] of sequence log-probabilities, got "
+                        f"{[type(x).__name__ for x in logps]}: use sequence_logprobs")
+    shapes = [tuple(x.shape) for x in logps]
+    if len(shapes[0]) != 1 or len(set(shapes)) != 1:
+        raise ValueError(f"dpo_loss needs four log-probabilities of one shape [B] (one per pair), got shapes "
+                         f"{shapes} (policy_chosen, policy_rejected, reference_chosen, reference_rejected): "
+                         f"score the same B pairs with both models")
     if beta <= 0:
         raise ValueError(f"beta must be > 0 (the strength of the pull towards the reference), got {beta}")
     chosen_logratios = policy_chosen - reference_chosen

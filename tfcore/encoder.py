@@ -10,7 +10,7 @@ import math
 import torch
 from torch import nn
 
-from .attention import padding_mask
+from .attention import _whole, padding_mask
 from .layers import TransformerEncoderLayer
 
 
@@ -37,8 +37,13 @@ def check_input_ids(input_ids, vocab_size: int, max_positions: int) -> None:
 def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:
     """The fixed encodings of "Attention Is All You Need", ``[max_len, d_model]``.
 
-    ``PE[pos, 2i] = sin(pos / 10000^(2i/d))`` and ``PE[pos, 2i+1] = cos(pos / 10000^(2i/d))``.
+    ``PE[pos, 2i] = sin(pos / 10000^(2i/d))`` and ``PE[pos, 2i+1] = cos(pos / 10000^(2i/d))``:
+    ``d_model`` is even (a sine and a cosine per frequency) and ``max_len`` >= 1.
     """
+    max_len = _whole("max_len (the number of positions to encode)", max_len, 1)
+    if _whole("d_model (an even width)", d_model, 2) % 2:
+        raise ValueError(f"sinusoidal_positions needs an even d_model (a sine and a cosine per frequency), "
+                         f"got {d_model!r}: use an even width")
     position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)
     frequency = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
     encoding = torch.zeros(max_len, d_model)

@@ -79,7 +79,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, use_cache: boo
     was_training = model.training
     model.eval()
     # The final length is known: the cache reserves room for it and writes each step in place.
-    cache = model.new_cache(capacity=total - 1) if use_cache else None
+    # The last token is never fed back, so total - 1 positions; at least 1 (a capacity is >= 1).
+    cache = model.new_cache(capacity=max(total - 1, 1)) if use_cache else None
     ids, step_input = input_ids, input_ids
     for _ in range(int(max_new_tokens)):
         logits = model(step_input, cache=cache)[:, -1]  # [B, vocab]: the next token's scores

@@ -140,7 +140,12 @@ def loss_mask(length: int, answer_start: int, answer_only: bool = True) -> torch
     """``[length - 1]`` booleans over the targets ``ids[1:]`` of a sequence of ``length`` tokens:
     True where the target is an answer token or ``<|end|>`` (target index ``t`` predicts token
     ``t + 1``, so the answer's targets start at ``answer_start - 1``). ``answer_only=False``: every
-    target (the plain language-model loss)."""
+    target (the plain language-model loss). ``answer_start`` (the first answer token's index) lies in
+    ``1 .. length - 1``: a prompt comes before it and the sequence ends after it."""
+    if not (isinstance(length, int) and isinstance(answer_start, int) and 1 <= answer_start < length):
+        raise ValueError(f"loss_mask needs whole numbers with 1 <= answer_start < length, got answer_start="
+                         f"{answer_start!r} and length={length!r}: answer_start is the index of the first "
+                         f"answer token in a sequence of length tokens (encode_chat returns both)")
     mask = torch.zeros(length - 1, dtype=torch.bool)
     mask[(answer_start - 1) if answer_only else 0:] = True
     return mask

@@ -39,11 +39,13 @@ class TransformerEncoderLayer(nn.Module):
     ``forward(x [B, L, hidden], mask=None, output_attentions=False, cache=None)`` ->
     ``[B, L, hidden]``, or ``(hidden, weights [B, heads, L, L])`` when ``output_attentions`` is set.
     ``cache`` (a ``tfcore.LayerCache``) is handed to the self-attention: with it, a causal stack of
-    these layers (the GPT of chapter 14) runs on the new positions only (chapter 15).
+    these layers (the GPT of chapter 14) runs on the new positions only (chapter 15). ``x``'s last
+    dimension must be ``config.hidden_size``.
     """
 
     def __init__(self, config):
         super().__init__()
+        self.hidden_size = config.hidden_size
         self.norm_first = getattr(config, "norm_first", True)
         self.attention = MultiHeadAttention(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -57,6 +59,10 @@ class TransformerEncoderLayer(nn.Module):
         return self.dropout(output), weights
 
     def forward(self, x, mask=None, output_attentions=False, cache=None):
+        if x.shape[-1] != self.hidden_size:
+            raise ValueError(f"TransformerEncoderLayer takes x [B, L, hidden_size={self.hidden_size}], got shape "
+                             f"{tuple(x.shape)}: project the input to hidden_size, or build the layer with a "
+                             f"config whose hidden_size is {x.shape[-1]}")
         if self.norm_first:
             attended, weights = self._attend(self.layer_norm_1(x), mask, output_attentions, cache)
             x = x + attended

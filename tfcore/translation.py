@@ -24,11 +24,15 @@ SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 
 
 def number_words(number: int, lang: str) -> str:
-    """``number`` written out in language ``lang`` ("de", "en", "fr", ...) by num2words."""
-    from num2words import num2words
+    """``number`` written out in language ``lang`` ("de", "en", "fr", ...) by num2words: ``number`` is
+    an int >= 0 and ``lang`` a language num2words knows (``num2words.CONVERTER_CLASSES``)."""
+    from num2words import CONVERTER_CLASSES, num2words
 
     if isinstance(number, bool) or not isinstance(number, int) or number < 0:
         raise ValueError(f"number must be a non-negative int, got {number!r}")
+    if not isinstance(lang, str) or not (lang in CONVERTER_CLASSES or lang[:2] in CONVERTER_CLASSES):
+        raise ValueError(f"num2words has no language {lang!r}: use a code such as 'de', 'en' or 'fr' "
+                         f"(num2words.CONVERTER_CLASSES lists the {len(CONVERTER_CLASSES)} it has)")
     return num2words(number, lang=lang)
 
 
