@@ -147,3 +147,14 @@ def test_the_book_shows_every_kind_of_attention_view(html):
     kinds = [v["kind"] for nb in sorted(toc_notebooks())
              for v in views((html / Path(nb).with_suffix(".html")).read_text())]
     assert {"neuron", "head", "model"} <= set(kinds), kinds
+
+
+def test_the_command_that_opens_the_chapters_starts():
+    """How to run the book says `.venv/bin/jupyter lab notebooks/`: jupyterlab is pinned, and it starts."""
+    import subprocess
+    import sys
+
+    assert ".venv/bin/jupyter lab notebooks/" in (ROOT / "book" / "how_to_run.md").read_text()
+    jupyter = Path(sys.executable).with_name("jupyter")
+    result = subprocess.run([str(jupyter), "lab", "--version"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and re.fullmatch(r"\d+\.\d+\.\d+\s*", result.stdout), result.stderr[-2000:]
