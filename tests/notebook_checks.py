@@ -64,7 +64,8 @@ LINE_LENGTH = 79
 MAX_BYTES = 1_000_000  # what a reader downloads: a notebook, or a page of the book
 # Code that reads the clock. What it measures depends on the machine and its load, so such a cell
 # may print only claims (tfcore.check lines, with the value inside "[this run: ...]").
-CLOCK = re.compile(r"\bperf_counter\b|\btime\.time\(|\btime\.monotonic\b|\btimeit\b|^\s*%%?time", re.MULTILINE)
+CLOCK = re.compile(r"\bperf_counter\b|\btime\.time\(|\btime\.monotonic\b|\btimeit\b|^\s*%%?time|"
+                   r"\bthread_time\b|\bprocess_time\b|\butils\.benchmark\b|\bbenchmark\.Timer\b", re.MULTILINE)
 CLAIM_LINE = re.compile(r"^(✓|–) ")
 # The sanitize rule that masks a trajectory value (tests/sanitize.cfg, [this-run]).
 THIS_RUN = re.compile(r"\[this run: (?:[^\[\]\n]|\[[^\[\]\n]*\])*\]")

@@ -149,6 +149,10 @@ def test_hygiene_accepts_a_clean_notebook(tmp_path):
         "execute_result", data={"text/plain": "'/home/reader/book'"}, execution_count=1))], "local path"),
     ([new_markdown_cell("# T"), _executed("t = time.perf_counter()\nprint(time.perf_counter() - t)", 1,
                                           new_output("stream", name="stdout", text="0.42\n"))], "reads the clock"),
+    ([new_markdown_cell("# T"), _executed("t = time.thread_time()\nprint('steps', 3)", 1,
+                                          new_output("stream", name="stdout", text="steps 3\n"))], "reads the clock"),
+    ([new_markdown_cell("# T"), _executed("from torch.utils import benchmark\nbenchmark.Timer('f()').timeit(3)", 1,
+                                          new_output("stream", name="stdout", text="0.42\n"))], "reads the clock"),
     ([new_markdown_cell("# T"), _executed("print('trained in under two minutes:', s < 120)", 1, new_output(
         "stream", name="stdout", text="trained in under two minutes: True\n"))], "wall-clock verdict"),
     ([new_markdown_cell("# T"), _executed("check", 1, new_output(
