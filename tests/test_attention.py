@@ -81,10 +81,12 @@ def test_fully_masked_row_gives_zeros_not_nan_and_finite_gradients():
 
 @pytest.mark.parametrize("layer", ["function", "head", "multi-head"])
 def test_fast_path_zeroes_fully_masked_rows_whatever_the_fused_kernel_returns(monkeypatch, layer):
-    """On an NVIDIA GPU in float16/bfloat16, PyTorch's fused attention takes cuDNN, which returns
-    finite non-zero rows where every key is blocked. A stand-in kernel that adds 1 everywhere plays
-    that part on the CPU: tfcore's fast path (need_weights=False, the layers' default) must still
-    give zeros on the fully masked rows, and leave every other row as the kernel gave it."""
+    """Observed by hand on an NVIDIA H200 with torch 2.11 (not re-run on the pinned version):
+    on 4-D float16/bfloat16 inputs PyTorch's fused attention took cuDNN, which returned finite
+    non-zero rows where every key is blocked. This test runs no GPU kernel: a stand-in kernel that
+    adds 1 everywhere plays that part on the CPU, and tfcore's fast path (need_weights=False, the
+    layers' default) must still give zeros on the fully masked rows, and leave every other row as
+    the kernel gave it."""
     fused = F.scaled_dot_product_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: fused(*a, **kw) + 1.0)
     attention_mask = _padding(2, 5)

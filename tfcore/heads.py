@@ -29,8 +29,9 @@ class TransformerForSequenceClassification(nn.Module):
         hidden = self.encoder(input_ids, attention_mask, token_type_ids)
         # .contiguous(): laid out like a stored [B, hidden] feature matrix. CUDA's dropout draws
         # another mask for a strided slice than for its copy under the same seed (the CPU's does
-        # not; seen with torch 2.11 on an H100), and chapter 8 trains a head on stored features
-        # to the same weights as this model with its encoder frozen, on either device.
+        # not; observed by hand on an NVIDIA H100 with torch 2.11, not re-run on the pinned
+        # version), and chapter 8 trains a head on stored features to the same weights as this
+        # model with its encoder frozen, on either device.
         return self.classifier(self.dropout(hidden[:, 0].contiguous()))
 
     @classmethod
