@@ -190,6 +190,49 @@ def test_encoder_decoder_diagram_feeds_the_memory_to_the_cross_attention():
         diagrams.encoder_decoder_diagram(["1"], ["<bos>", "1"], ["1"])
 
 
+def test_decoder_only_diagram_draws_what_tfcores_models_do():
+    fig = diagrams.decoder_only_diagram(("gpt2", "llama"))
+    titles = sorted(texts(fig, "title"), key=lambda t: xy(t)[0])
+    assert [t.get_text() for t in titles] == ["GPT-2 (tfcore.GPT)", "Llama (tfcore.Llama)"]
+    middle = (xy(titles[0])[0] + xy(titles[1])[0]) / 2
+    panels = {"gpt2": (0, middle), "llama": (middle, 1e9)}
+
+    def names(kind):
+        low, high = panels[kind]
+        return [t.get_text() for t in sorted(texts(fig, "name"), key=lambda t: xy(t)[1])
+                if low <= xy(t)[0] <= high]
+
+    gpt = tfcore.GPT(tfcore.GPTConfig(vocab_size=11, max_position_embeddings=8, hidden_size=16,
+                                      num_hidden_layers=1, num_attention_heads=2)).eval()
+    llama = tfcore.Llama(tfcore.LlamaConfig(vocab_size=11, max_position_embeddings=8, hidden_size=16,
+                                            num_hidden_layers=1, num_attention_heads=4,
+                                            num_key_value_heads=2, intermediate_size=24)).eval()
+    cos, sin = tfcore.rotary_cos_sin(torch.arange(3), tfcore.rotary_frequencies(4))
+    x = torch.randn(1, 3, 16)
+    gpt_names, llama_names = names("gpt2"), names("llama")
+    assert gpt_names[1:5] == called_order(gpt.blocks[0], x, tfcore.causal_mask(3))
+    assert llama_names[1:5] == called_order(llama.layers[0], x, cos, sin, tfcore.causal_mask(3))
+    assert gpt_names[0].split() == ["token_embeddings", "position_embeddings"]
+    assert llama_names[0] == "embed_tokens"
+    for model, drawn in ((gpt, gpt_names), (llama, llama_names)):
+        children = dict(model.named_children())
+        stack, final, head = drawn[5:]
+        assert stack.removesuffix("[i]") in children and final in children and head == "lm_head"
+        assert all(name in children for name in drawn[0].split())
+    assert len(texts(fig, "add")) == 4 and len(texts(fig, "final-norm")) == 2
+    assert [t.get_text() for t in texts(fig, "norm")].count("RMSNorm") == 2
+    assert any("RoPE" in t.get_text() for t in texts(fig, "sublayer"))
+    assert gpt.lm_head.weight is gpt.token_embeddings.weight and "tied" in texts(fig, "head")[0].get_text()
+    assert llama.lm_head.weight is not llama.embed_tokens.weight
+
+
+def test_decoder_only_diagram_draws_one_kind_and_refuses_others():
+    assert len(texts(diagrams.decoder_only_diagram("llama"), "title")) == 1
+    for bad in ("bert", (), ("gpt2", "t5")):
+        with pytest.raises(ValueError, match="kinds must be 'gpt2', 'llama'"):
+            diagrams.decoder_only_diagram(bad)
+
+
 @pytest.mark.parametrize("kind, norm_first, message", [
     ("middle", True, "kind must be 'encoder' or 'decoder'"),
     ("encoder", "yes", "norm_first must be True"),
@@ -213,7 +256,8 @@ def every_diagram():
             diagrams.heads_diagram(1, 5, 768, 12),
             diagrams.layer_diagram("encoder", (True, False)),
             diagrams.layer_diagram("decoder", (True, False)),
-            diagrams.encoder_decoder_diagram(list("8668436"), ["<bos>", "6", "3", "4"])]
+            diagrams.encoder_decoder_diagram(list("8668436"), ["<bos>", "6", "3", "4"]),
+            diagrams.decoder_only_diagram()]
 
 
 COLUMN_PX = 760  # the book's text column: a wider PNG is shown scaled down to this width
@@ -242,6 +286,7 @@ def test_sizes_fonts_and_determinism():
     pytest.param(lambda: diagrams.layer_diagram("decoder", (True, False)), id="decoder-layers"),
     pytest.param(lambda: diagrams.encoder_decoder_diagram(list("8668436"), ["<bos>", "6", "3", "4"]),
                  id="encoder-decoder"),
+    pytest.param(lambda: diagrams.decoder_only_diagram(), id="decoder-only"),
 ])
 def test_every_diagram_is_legible_at_the_book_column_width(draw):
     """The smallest text is at least 9 px high once the PNG is scaled down to the text column."""

@@ -10,7 +10,9 @@ cell ending with it shows as a PNG, and draws the same picture on every run: no 
   ``transpose``, with the hidden axis cut into one coloured slice per head (chapter 4);
 - ``layer_diagram(kind, norm_first)``: an encoder or a decoder layer with its residual adds and
   its layer norms, pre-LN or post-LN, side by side when given both (chapters 5 and 9);
-- ``encoder_decoder_diagram(source, target)``: the whole pre-LN encoder-decoder (chapter 9).
+- ``encoder_decoder_diagram(source, target)``: the whole pre-LN encoder-decoder (chapter 9);
+- ``decoder_only_diagram(kinds)``: GPT-2's and Llama's decoder-only models side by side
+  (chapter 16).
 
 Every text artist carries a ``gid`` saying what it labels (``"tensor:scores"``,
 ``"op:softmax"``, ``"norm"``, ``"sublayer"``, ``"add"``, ``"head:3"``, ...), so that a test can
@@ -487,6 +489,95 @@ def encoder_decoder_diagram(source, target, next_tokens=None) -> Diagram:
     ax.text(width / 2, height - 0.3, "The encoder-decoder, pre-LN: each sublayer reads a LayerNorm of the "
             "stream and adds its output back (+)", ha="center", va="center", fontsize=FONT + 1, gid="title")
     _fit(fig, ax, width, height, scale=0.55)  # the tallest drawing: 7 inches at most
+    return fig
+
+
+# ----------------------------------------------------------------------------- decoder-only models
+
+_DECODER_ONLY = {
+    "gpt2": {
+        "title": "GPT-2 (tfcore.GPT)", "norm": "LayerNorm", "final": "final_layer_norm",
+        "embedding": ("token embeddings\n+ learned positions", "token_embeddings\nposition_embeddings"),
+        "sublayers": [("layer_norm_1", "attention",
+                       "masked self-attention:\nH heads of queries,\nkeys and values", "attention"),
+                      ("layer_norm_2", "feed_forward",
+                       "feed-forward:\nLinear(d, 4d), GELU,\nLinear(4d, d)", "feed_forward")],
+        "head": "output layer, tied to\nthe token embeddings", "stack": "blocks"},
+    "llama": {
+        "title": "Llama (tfcore.Llama)", "norm": "RMSNorm", "final": "norm",
+        "embedding": ("token embeddings\n(no positions)", "embed_tokens"),
+        "sublayers": [("input_layernorm", "self_attn",
+                       "masked self-attention:\nH_kv key/value heads,\nRoPE on queries, keys", "attention"),
+                      ("post_attention_layernorm", "mlp",
+                       "SwiGLU:\ndown(silu(gate(x))\n* up(x))", "feed_forward")],
+        "head": "output layer,\na matrix of its own", "stack": "layers"},
+}
+
+
+def _decoder_only_panel(ax, x, spec, box_w=3.0, gap=0.28) -> float:
+    """One decoder-only model drawn upwards around the boxes' centre ``x``; returns its top."""
+    skip_x, name_x = x + box_w / 2 + 0.3, x - box_w / 2 - 0.3
+
+    def name(y, text):
+        ax.text(name_x, y, text, ha="right", va="center", fontsize=SMALL, family="monospace", gid="name")
+
+    def box(cursor, height, text, role, colour, module=None):
+        b = _box(ax, x, cursor + gap + height / 2, box_w, height, text, role, colour)
+        _arrow(ax, (x, cursor), b.bottom)
+        if module:
+            name(b.y, module)
+        return b
+
+    ax.text(x, 0.3, "token ids [B, L]", ha="center", va="center", fontsize=FONT, gid="tensor:input")
+    embedding = box(0.45, 0.75, spec["embedding"][0], "embedding", COLOURS["embedding"], spec["embedding"][1])
+    cursor = first = embedding.top[1] + 0.15
+    ax.plot([x, x], [embedding.top[1], cursor], color="black", lw=1.2)
+    for norm_name, sub_name, text, colour in spec["sublayers"]:
+        branch_y = cursor + 0.15
+        ax.plot([x, x], [cursor, branch_y], color="black", lw=1.2)
+        ax.add_patch(Circle((x, branch_y), 0.05, color="black"))
+        norm = box(branch_y, 0.45, spec["norm"], "norm", COLOURS["norm"], norm_name)
+        sub = box(norm.top[1], 0.95, text, "sublayer", COLOURS[colour], sub_name)
+        add_y = sub.top[1] + gap + 0.17
+        _arrow(ax, sub.top, (x, add_y - 0.17))
+        _add(ax, x, add_y)
+        ax.plot([x, skip_x, skip_x], [branch_y, branch_y, add_y], color="black", lw=1.2)
+        _arrow(ax, (skip_x, add_y), (x + 0.17, add_y))
+        cursor = add_y + 0.17
+    ax.add_patch(Rectangle((x - box_w / 2 - 0.15, first - 0.05), box_w + 0.75, cursor - first + 0.3,
+                           fill=False, edgecolor="gray", linestyle="--"))
+    ax.text(skip_x + 0.45, cursor + 0.1, "× N", ha="left", va="center", fontsize=FONT, color="gray", gid="stack")
+    name(cursor + 0.1, f"{spec['stack']}[i]")
+    final = box(cursor + 0.3, 0.45, f"final {spec['norm']}", "final-norm", COLOURS["norm"], spec["final"])
+    head = box(final.top[1], 0.7, spec["head"], "head", COLOURS["embedding"], "lm_head")
+    _arrow(ax, head.top, (x, head.top[1] + 0.25))
+    ax.text(x, head.top[1] + 0.45, "logits [B, L, vocab]", ha="center", va="center", fontsize=FONT,
+            gid="tensor:output")
+    return head.top[1] + 0.75
+
+
+def decoder_only_diagram(kinds=("gpt2", "llama")) -> Diagram:
+    """A decoder-only language model, drawn upwards, one panel per kind, side by side.
+
+    ``kinds``: ``"gpt2"`` (``tfcore.GPT``: learned positions added once, LayerNorm, a GELU
+    feed-forward layer, an output layer tied to the token embeddings) and/or ``"llama"``
+    (``tfcore.Llama``: no position table, RMSNorm, grouped-query attention with rotary embeddings,
+    SwiGLU, an output layer of its own). Both wire their blocks pre-norm: ``x = x +
+    sublayer(norm(x))``, twice per block, then one final norm. The module names of tfcore's
+    classes stand left of their boxes, in the order the block calls them; biases are not drawn.
+    """
+    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    if not kinds or any(kind not in _DECODER_ONLY for kind in kinds):
+        raise ValueError(f"kinds must be 'gpt2', 'llama' or a non-empty sequence of them, got {kinds!r}")
+    panel_w = 7.4
+    fig, ax = _canvas(panel_w * len(kinds), 14)
+    # the boxes' centre: module names on the left, the skip lines and "× N" on the right
+    tops = [_decoder_only_panel(ax, p * panel_w + 4.6, _DECODER_ONLY[kind]) for p, kind in enumerate(kinds)]
+    top = max(tops)
+    for p, kind in enumerate(kinds):
+        ax.text(p * panel_w + 4.6, top + 0.2, _DECODER_ONLY[kind]["title"], ha="center", va="center",
+                fontsize=FONT + 1, gid="title")
+    _fit(fig, ax, panel_w * len(kinds), top + 0.5)
     return fig
 
 
