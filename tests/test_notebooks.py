@@ -52,7 +52,7 @@ def test_the_code_is_formatted_to_the_code_column():
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-m", "ruff", "format", "--isolated", "--check",
+    result = subprocess.run([sys.executable, "-m", "ruff", "format", "--isolated", "--check", "--target-version=py310",
                              f"--line-length={LINE_LENGTH}", *map(str, NOTEBOOKS)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

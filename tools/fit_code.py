@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from notebook_checks import LINE_LENGTH  # noqa: E402  (the one place the width is set)
 
-RUFF = [sys.executable, "-m", "ruff", "format", "--isolated", f"--line-length={LINE_LENGTH}", "--quiet"]
+# Python 3.10 is the oldest the book supports: ruff must not write 3.12-only f-strings.
+RUFF = [sys.executable, "-m", "ruff", "format", "--isolated", "--target-version=py310",
+        f"--line-length={LINE_LENGTH}", "--quiet"]
 
 
 def _pieces(body: str, first: int, rest: int, fstring: bool) -> list[str]:
@@ -100,8 +102,34 @@ def split_long_strings(source: str) -> str:
     return "\n".join(lines)
 
 
+def _refill_comment_blocks(source: str) -> str:
+    """Refill a block of whole-line comments (same indent, plain prose) that holds an overflowing
+    line, so that the wrapped comment reads as one paragraph, not a ragged one."""
+    lines, out, i = source.split("\n"), [], 0
+    comment = re.compile(r"(\s*)# (?!%|noqa|teaching version)(.*)")
+    while i < len(lines):
+        m = comment.fullmatch(lines[i])
+        if not m:
+            out.append(lines[i])
+            i += 1
+            continue
+        j = i + 1
+        while j < len(lines) and (n := comment.fullmatch(lines[j])) and n.group(1) == m.group(1):
+            j += 1
+        block = lines[i:j]
+        texts = [comment.fullmatch(line).group(2) for line in block]
+        if any(len(line) > LINE_LENGTH for line in block) and _plain(texts):
+            out.extend(_wrap(" ".join(t.strip() for t in texts), m.group(1) + "# ", m.group(1) + "# "))
+        else:
+            out.extend(block)
+        i = j
+    return "\n".join(out)
+
+
 def fit_comments(source: str) -> str:
-    """Move an overflowing end-of-line comment above its line; wrap an overflowing comment line."""
+    """Move an overflowing end-of-line comment above its line; wrap an overflowing comment line
+    (a block of whole-line comments is refilled as one paragraph first)."""
+    source = _refill_comment_blocks(source)
     out = []
     try:
         comments = {tok.start[0]: tok for tok in tokenize.generate_tokens(io.StringIO(source).readline)
@@ -190,18 +218,25 @@ def _without_magics(source: str) -> str:
     return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.split("\n"))
 
 
+def _fits_here(cell) -> bool:
+    """A code cell the book shows (the Colab install cell, tagged remove-cell, is the same in
+    every chapter and stays as it is), and not a cell magic or shell command."""
+    return (cell.cell_type == "code" and "remove-cell" not in cell.metadata.get("tags", [])
+            and not cell.source.lstrip().startswith(("%%", "!")))
+
+
 def fit(path: Path) -> list[str]:
     """Fit one notebook in place; return its code lines still wider than the line length."""
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:  # an end-of-line comment moves above its line before ruff splits it
-        if cell.cell_type == "code" and not cell.source.lstrip().startswith(("%%", "!")):
+        if _fits_here(cell):
             cell.source = _safely(fit_comments, cell.source)
     nbformat.write(nb, path)
     for _ in range(3):
         subprocess.run(RUFF + [str(path)], check=True)
         nb = nbformat.read(path, as_version=4)
         for cell in nb.cells:
-            if cell.cell_type == "code" and not cell.source.lstrip().startswith(("%%", "!")):
+            if _fits_here(cell):
                 cell.source = _safely(lambda s: fit_docstrings(fit_comments(split_long_strings(s))), cell.source)
         nbformat.write(nb, path)
     subprocess.run(RUFF + [str(path)], check=True)
