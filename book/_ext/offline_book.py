@@ -52,7 +52,14 @@ def _write_site_script(app, exception):
         target.write_text(site_script(), encoding="utf-8")
 
 
+def _add_static(app):
+    """The book's own stylesheet (static/code_column.css: the code column's font size)."""
+    app.config.html_static_path.append(str(Path(__file__).parent / "static"))
+
+
 def setup(app):
+    app.connect("builder-inited", _add_static)
+    app.add_css_file("code_column.css")
     app.connect("html-page-context", _drop_thebe, priority=900)
     app.connect("html-page-context", _serve_view_libraries_once)
     app.connect("build-finished", _write_site_script)
