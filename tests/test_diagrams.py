@@ -144,6 +144,23 @@ def test_pre_ln_adds_after_the_sublayer_and_post_ln_normalises_the_sum():
     assert not texts(diagrams.layer_diagram("encoder", True), "add-norm")
 
 
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_encoder_diagram_with_embeddings_draws_tfcores_encoder(norm_first):
+    config = BertConfig(**SMALL)
+    config.norm_first = norm_first
+    encoder = tfcore.TransformerEncoder(config)
+    fig = diagrams.layer_diagram("encoder", norm_first, shape=(1, 3, 16), embeddings=True)
+    drawn = drawn_order(fig)
+    assert drawn[0] == "embeddings" and hasattr(encoder, "embeddings")
+    assert drawn[1:] == drawn_order(diagrams.layer_diagram("encoder", norm_first))
+    assert ("final LayerNorm" in drawn) == (encoder.final_layer_norm is not None)
+    [embedding_text] = [t.get_text() for t in texts(fig, "embedding")]
+    assert ("LayerNorm" in embedding_text) == (encoder.embeddings.layer_norm is not None)
+    assert [t.get_text() for t in texts(fig, "tensor:input")] == ["input_ids [1, 3]"]
+    with pytest.raises(ValueError, match="only for kind='encoder'"):
+        diagrams.layer_diagram("decoder", norm_first, embeddings=True)
+
+
 def test_decoder_layer_diagram_has_three_residual_adds_and_tfcores_order():
     config = BertConfig(**SMALL)
     layer = tfcore.TransformerDecoderLayer(config).eval()
@@ -284,6 +301,7 @@ def test_sizes_fonts_and_determinism():
     pytest.param(lambda: diagrams.heads_diagram(1, 5, 768, 12), id="heads"),
     pytest.param(lambda: diagrams.layer_diagram("encoder", (True, False)), id="encoder-layers"),
     pytest.param(lambda: diagrams.layer_diagram("decoder", (True, False)), id="decoder-layers"),
+    pytest.param(lambda: diagrams.layer_diagram("encoder", (True, False), embeddings=True), id="encoder"),
     pytest.param(lambda: diagrams.encoder_decoder_diagram(list("8668436"), ["<bos>", "6", "3", "4"]),
                  id="encoder-decoder"),
     pytest.param(lambda: diagrams.decoder_only_diagram(), id="decoder-only"),

@@ -9,7 +9,8 @@ cell ending with it shows as a PNG, and draws the same picture on every run: no 
 - ``heads_diagram(batch, length, hidden, heads)``: the fused multi-head layer's ``view`` and
   ``transpose``, with the hidden axis cut into one coloured slice per head (chapter 4);
 - ``layer_diagram(kind, norm_first)``: an encoder or a decoder layer with its residual adds and
-  its layer norms, pre-LN or post-LN, side by side when given both (chapters 5 and 9);
+  its layer norms, pre-LN or post-LN, side by side when given both (chapters 5 and 9); with
+  ``embeddings=True``, the whole encoder (chapter 6);
 - ``encoder_decoder_diagram(source, target)``: the whole pre-LN encoder-decoder (chapter 9);
 - ``decoder_only_diagram(kinds)``: GPT-2's and Llama's decoder-only models side by side
   (chapter 16).
@@ -390,7 +391,8 @@ def _draw_layer(ax, x, y, kind, norm_first, *, names=True, stack=True, small=SMA
     return anchors
 
 
-def layer_diagram(kind: str = "encoder", norm_first=True, *, shape=None, memory_shape=None) -> Diagram:
+def layer_diagram(kind: str = "encoder", norm_first=True, *, shape=None, memory_shape=None,
+                  embeddings: bool = False) -> Diagram:
     """An encoder or decoder layer, its sublayers, residual adds (+) and LayerNorms, drawn upwards.
 
     ``norm_first=True`` is pre-LN, tfcore's default: ``x = x + sublayer(LayerNorm(x))``, and a
@@ -399,13 +401,18 @@ def layer_diagram(kind: str = "encoder", norm_first=True, *, shape=None, memory_
     as ``(True, False)``, draws one panel per arrangement, side by side. The module names under the
     boxes are those of ``tfcore.TransformerEncoderLayer`` / ``TransformerDecoderLayer``; the
     dropout on each sublayer's output is not drawn. ``shape`` and ``memory_shape`` (tuples) label
-    the input and, for a decoder, the encoder's output.
+    the input and, for a decoder, the encoder's output. ``embeddings=True`` (encoder only) draws
+    the whole ``tfcore.TransformerEncoder``: token ids in, its ``embeddings`` (with BERT's layer
+    norm in the post-LN panel), the N layers and, pre-LN, the final LayerNorm.
     """
     arrangements = (norm_first,) if isinstance(norm_first, bool) else tuple(norm_first)
     if not arrangements:
         raise ValueError("norm_first must be True, False, or a non-empty sequence of them")
     for arrangement in arrangements:
         _check_layer_args(kind, arrangement)
+    if not isinstance(embeddings, bool) or (embeddings and kind != "encoder"):
+        raise ValueError(f"embeddings must be True or False, and True only for kind='encoder', got "
+                         f"{embeddings!r} with kind={kind!r}")
     for name, given in (("shape", shape), ("memory_shape", memory_shape)):
         if given is not None and (isinstance(given, str) or not isinstance(given, (tuple, list))):
             raise ValueError(f"{name} must be a tuple of sizes, e.g. (2, 5, 384), got {given!r}")
@@ -416,8 +423,20 @@ def layer_diagram(kind: str = "encoder", norm_first=True, *, shape=None, memory_
     top = 0.0
     for p, arrangement in enumerate(arrangements):
         x = (p + 1) * panel_w - _BOX_W / 2 - 1.05
-        ax.text(x, 0.3, f"x {stream}", ha="center", va="center", fontsize=FONT, gid="tensor:input")
-        anchors = _draw_layer(ax, x, 0.5, kind, arrangement)
+        start = 0.5
+        if embeddings:
+            ids = _shape(*shape[:2]) if shape is not None else _shape("B", "L")
+            ax.text(x, 0.3, f"input_ids {ids}", ha="center", va="center", fontsize=FONT, gid="tensor:input")
+            text = "token + position + type\nembeddings" + (", LayerNorm" if not arrangement else "")
+            emb = _box(ax, x, 1.1, _BOX_W, 1.05, text, "embedding", COLOURS["embedding"])
+            ax.texts[-1].set_y(1.24)
+            ax.text(x, 0.78, "embeddings", ha="center", va="center", fontsize=SMALL, family="monospace",
+                    gid="name")
+            _arrow(ax, (x, 0.45), emb.bottom)
+            start = emb.top[1]
+        else:
+            ax.text(x, 0.3, f"x {stream}", ha="center", va="center", fontsize=FONT, gid="tensor:input")
+        anchors = _draw_layer(ax, x, start, kind, arrangement)
         _arrow(ax, anchors["top"], (x, anchors["top"][1] + 0.3))
         ax.text(x, anchors["top"][1] + 0.5, f"output {stream}", ha="center", va="center", fontsize=FONT,
                 gid="tensor:output")
@@ -430,7 +449,7 @@ def layer_diagram(kind: str = "encoder", norm_first=True, *, shape=None, memory_
     for p, arrangement in enumerate(arrangements):
         x = (p + 1) * panel_w - _BOX_W / 2 - 1.05
         where = "tfcore's default" if kind == "encoder" else "tfcore.TransformerDecoderLayer"
-        title = f"pre-LN ({where})" if arrangement else \
+        title = f"pre-LN ({where})" if arrangement else "post-LN (BERT)" if embeddings else \
             "post-LN (BERT, original paper)" if kind == "encoder" else "post-LN (the original paper)"
         ax.text(x, top + 0.35, title, ha="center", va="center", fontsize=FONT + 1, gid="title")
     _fit(fig, ax, panel_w * len(arrangements), top + 0.7)
