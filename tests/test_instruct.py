@@ -1,4 +1,4 @@
-"""tfcore.instruct: the split by number, the chat tokens, the loss mask on the answer tokens (masked
+"""tfcore.instruct: the split by number, the chat tokens (three distinct rows near the mean), the loss mask on the answer tokens (masked
 positions give exactly zero gradient), exact match equal to greedy decoding, the stored book GPT; each
 check shown to catch a planted bug."""
 
@@ -43,9 +43,60 @@ def test_chat_tokens_and_new_rows(chat):
     assert ids == {"<|user|>": 1000, "<|assistant|>": 1001, "<|end|>": 1002}
     rows = model.token_embeddings.weight
     assert rows.shape == (1003, 16) and model.lm_head.weight is rows
-    assert torch.allclose(rows[1000:], rows[:1000].mean(0).expand(3, -1))
+    assert _new_rows_are_distinct_and_near_the_mean(model)
     with pytest.raises(ValueError, match="add the chat tokens once"):
         instruct.add_chat_tokens(tokenizer, model)
+
+
+class _StubTokenizer:
+    """Just what add_chat_tokens asks of a tokenizer: 1,000 tokens, then the ones it adds."""
+
+    def __init__(self):
+        self.added = []
+
+    def token_to_id(self, token):
+        return 1000 + self.added.index(token) if token in self.added else None
+
+    def get_vocab_size(self):
+        return 1000 + len(self.added)
+
+    def add_special_tokens(self, tokens):
+        self.added += tokens
+
+
+def _new_rows_are_distinct_and_near_the_mean(model):
+    """The three new rows differ pairwise (by more than 1e-3 of the rows' spread), and each lies
+    within half the rows' spread (per dimension, on average) of the old rows' mean."""
+    rows = model.token_embeddings.weight.detach()
+    old, new = rows[:1000], rows[1000:]
+    spread = old.std(0)
+    apart = min((new[i] - new[j]).abs().div(spread).max().item() for i, j in ((0, 1), (0, 2), (1, 2)))
+    near = (new - old.mean(0)).abs().div(spread).mean(1).max().item()
+    return apart > 1e-3 and near < 0.5
+
+
+def test_new_rows_are_seeded_noise_around_the_mean():
+    torch.manual_seed(0)
+    base = tfcore.GPT(tfcore.GPTConfig(**CONFIG)).eval()
+    _, first = instruct.add_chat_tokens(_StubTokenizer(), base)
+    torch.manual_seed(1)  # the global generator does not enter: the noise has its own seed
+    _, again = instruct.add_chat_tokens(_StubTokenizer(), base)
+    assert torch.equal(first.token_embeddings.weight, again.token_embeddings.weight)
+    assert _new_rows_are_distinct_and_near_the_mean(first)
+    # the scale: a tenth of the rows' spread, so the noise's std over the 3 x 16 draws is near 0.1
+    rows = first.token_embeddings.weight.detach()
+    z = (rows[1000:] - rows[:1000].mean(0)) / rows[:1000].std(0)
+    assert 0.05 < z.std().item() < 0.2
+    with pytest.raises(ValueError, match="noise"):
+        instruct.add_chat_tokens(_StubTokenizer(), base, noise=-1.0)
+
+
+def test_planted_bug_identical_new_rows_are_caught():
+    base = tfcore.GPT(tfcore.GPTConfig(**CONFIG)).eval()
+    _, tied = instruct.add_chat_tokens(_StubTokenizer(), base, noise=0.0)  # one mean row, three times
+    assert not _new_rows_are_distinct_and_near_the_mean(tied)
+    _, far = instruct.add_chat_tokens(_StubTokenizer(), base, noise=3.0)  # distinct, but far from the mean
+    assert not _new_rows_are_distinct_and_near_the_mean(far)
 
 
 def _answer_targets_are_right(tokenizer, ids):

@@ -58,14 +58,23 @@ USER, ASSISTANT, END = "<|user|>", "<|assistant|>", "<|end|>"
 SPECIAL_TOKENS = (USER, ASSISTANT, END)
 
 
-def add_chat_tokens(tokenizer, model: GPT) -> tuple[dict, GPT]:
+def add_chat_tokens(tokenizer, model: GPT, noise: float = 0.1, seed: int = 0) -> tuple[dict, GPT]:
     """Add the three special tokens to ``tokenizer`` (ids ``V, V+1, V+2`` after its ``V`` tokens) and
     return ``({token: id}, a GPT of vocabulary V + 3)``: the same weights, and three new embedding rows
-    (also the tied output layer's rows), each set to the mean of the ``V`` old rows.
+    (also the tied output layer's rows), each the mean of the ``V`` old rows plus Gaussian noise whose
+    standard deviation is ``noise`` times the old rows' own standard deviation in that dimension.
 
     The mean is a choice (Hewitt, 2021): a row drawn at random would start the new tokens' logits
-    at arbitrary values, the mean row gives them the average token's. Training moves the rows.
+    at arbitrary values, the mean row gives them the average token's. The noise keeps the three rows
+    distinct: with one identical row and a tied output layer without bias, the three tokens get the
+    same logit wherever the embeddings are frozen (LoRA, for one), and ``argmax`` gives every tie to the
+    lowest id. At the default tenth of the rows' spread each new row stays near the mean. The noise
+    is drawn from its own generator seeded with ``seed`` (not ``shifted``): the chat model is the
+    same under any ``$TFCORE_SEED``. ``noise=0`` gives the three identical mean rows. Training
+    moves the rows.
     """
+    if noise < 0:
+        raise ValueError(f"noise is a standard deviation's scale, >= 0; got {noise}")
     old = model.config.vocab_size
     if tokenizer.token_to_id(USER) is not None:
         raise ValueError(f"the tokenizer already has the chat tokens (id {tokenizer.token_to_id(USER)} is {USER}): "
@@ -81,7 +90,9 @@ def add_chat_tokens(tokenizer, model: GPT) -> tuple[dict, GPT]:
     chat = GPT(config)
     state = model.state_dict()
     embeddings = state["token_embeddings.weight"]  # [V, d]
-    new_rows = embeddings.mean(dim=0, keepdim=True).expand(len(SPECIAL_TOKENS), -1)
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.randn(len(SPECIAL_TOKENS), embeddings.shape[1], generator=generator)
+    new_rows = embeddings.mean(dim=0) + noise * embeddings.std(dim=0) * draws.to(embeddings)  # [3, d]
     state["token_embeddings.weight"] = torch.cat([embeddings, new_rows])  # [V + 3, d]
     state["lm_head.weight"] = state["token_embeddings.weight"]
     chat.load_state_dict(state)
