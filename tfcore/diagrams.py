@@ -174,8 +174,8 @@ def attention_diagram(batch: int, len_q: int, len_k: int, d_k: int, d_v: int) ->
            where="above", role="op:bmm")
     _arrow(ax, kt.right, (scores.left[0], scores.y - 0.35))
     _arrow(ax, scores.right, scaled.left, f"÷ √dk\n= ÷ √{d_k}", where="above", role="op:scale")
-    mask = _box(ax, 9.3, 5.15, 3.3, 1.0, f"mask {_shape('B', 'Lq', 'Lk')}\n(optional, chapter 3):\n"
-                "blocked scores → -∞", "mask", COLOURS["mask"], dashed=True)
+    mask = _box(ax, 9.35, 5.15, 3.6, 1.0, f"mask {_shape('B', 'Lq', 'Lk')}\n(optional, chapter 3):\n"
+                "blocked scores → very negative", "mask", COLOURS["mask"], dashed=True)
     _arrow(ax, mask.right, (scaled.x - 0.04, mask.y), dashed=True, colour="dimgray")
     _arrow(ax, scaled.bottom, weights.top, "softmax(dim=-1):\neach row of Lk\nweights sums to 1",
            where="right", role="op:softmax", at=0.62)
