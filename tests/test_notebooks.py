@@ -255,8 +255,14 @@ def test_every_sanitize_rule_is_read_by_nbval():
 
     # A trajectory value is masked whole, even with a list or a "[CLS]" key inside it; the text
     # around it is still compared.
-    assert sanitize("✓ a  [this run: [CLS] 0.98, pooler [0.9, 0.1]] (of 54)") == "✓ a  [this run: ...] (of 54)"
-    assert sanitize("✓ a  [this run: 0.98] b") == "✓ a  [this run: ...] b"
+    assert sanitize("✓ a  [this run: [CLS] 0.98, pooler [0.9, 0.1]] (of 54)") == "✓ a [this run: ...] (of 54)"
+    assert sanitize("✓ a  [this run: 0.98] b") == "✓ a [this run: ...] b"
+    # A short value stays on the claim's line, a long one gets a line of its own: both compare
+    # equal, while a changed word of the claim still does not.
+    same_line = "✓ the gap is below 1e-4 (|ours - theirs| < 1e-4)  [this run: 3e-06]"
+    own_line = "✓ the gap is below 1e-4 (|ours - theirs| < 1e-4)\n  [this run: 3.0517578125e-06, worst 7]"
+    assert sanitize(same_line) == sanitize(own_line) == "✓ the gap is below 1e-4 (|ours - theirs| < 1e-4) [this run: ...]"
+    assert sanitize(own_line.replace("below", "above")) != sanitize(same_line)
 
     cpu = "tensor([[0.1000, 0.2000]])\ntensor([1, 2], dtype=torch.int32)"
     gpu = "tensor([[0.1000, 0.2000]],\n       device='cuda:0')\ntensor([1, 2], device='cuda:0', dtype=torch.int32)"
