@@ -86,8 +86,8 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout: nn.Modul
     Returns ``(output [B, (H,) Lq, dv], weights [B, (H,) Lq, Lk])``. With ``need_weights=False``
     the weights are never formed: PyTorch's fused kernel computes the output faster and in less
     memory, and ``weights`` is None. PyTorch does not promise zeros for a fully masked row
-    (observed by hand on an NVIDIA H200 with torch 2.11, not re-run on the pinned version: 4-D
-    float16 and bfloat16 inputs took cuDNN, which returned finite non-zero rows there), so such
+    (on an NVIDIA H100 with torch 2.11, 4-D float16 and bfloat16 inputs took cuDNN, which returned
+    finite non-zero rows: ``benchmarks/gpu_runs/2026-11-26-h100.md``), so such
     rows are set to zero after the fused call, as here; ``tests/test_attention.py`` checks that
     step with a stand-in kernel on the CPU.
     """
