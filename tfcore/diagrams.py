@@ -526,7 +526,7 @@ _DECODER_ONLY = {
         "title": "Llama (tfcore.Llama)", "norm": "RMSNorm", "final": "norm",
         "embedding": ("token embeddings\n(no positions)", "embed_tokens"),
         "sublayers": [("input_layernorm", "self_attn",
-                       "masked self-attention:\nH_kv key/value heads,\nRoPE on queries, keys", "attention"),
+                       "masked self-attention:\nH query, H_kv key/value\nheads; RoPE on q and k", "attention"),
                       ("post_attention_layernorm", "mlp",
                        "SwiGLU:\ndown(silu(gate(x))\n* up(x))", "feed_forward")],
         "head": "output layer,\na matrix of its own", "stack": "layers"},
