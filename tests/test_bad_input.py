@@ -589,6 +589,10 @@ OTHERS = [
                                                              torch.zeros(1, 2, dtype=torch.bool)),
          ValueError, "selects no position"),
     # layers
+    case("layers-feed-forward-activation", lambda: layers.FeedForward(bert_config(hidden_act="gelu_new")),
+         ValueError, "hidden_act"),
+    case("layers-encoder-layer-activation", lambda: layers.TransformerEncoderLayer(bert_config(hidden_act="relu")),
+         ValueError, "hidden_act"),
     case("layers-wrong-width", lambda: layers.TransformerEncoderLayer(bert_config())(t(1, 3, 6)), ValueError,
          "hidden_size"),
     # llama
@@ -727,6 +731,9 @@ def test_other_modules_accept():
     assert encoder.sinusoidal_positions(4, 8).shape == (4, 8)
     assert generation.generate(small_gpt(), IDS, 2).shape == (1, 5)
     assert heads.TransformerForSequenceClassification(bert_config())(IDS).shape[-1] == 2
+    assert layers.FeedForward(bert_config())(t(1, 3, 8)).shape == (1, 3, 8)  # hidden_act "gelu"
+    assert isinstance(small_gpt().blocks[0].feed_forward.gelu, torch.nn.GELU)  # GPT-2's tanh GELU swapped in
+    assert small_gpt().blocks[0].feed_forward.gelu.approximate == "tanh"
     assert instruct.loss_mask(5, 3).tolist() == [False, False, True, True]
     assert llama.rotary_frequencies(8).shape == (4,)
     assert lora.LoRALinear(torch.nn.Linear(4, 4), r=2)(t(1, 4)).shape == (1, 4)

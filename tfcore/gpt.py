@@ -8,7 +8,7 @@ Shapes: ``input_ids [B, L]`` -> logits ``[B, L, vocab_size]``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -95,7 +95,9 @@ class GPT(nn.Module):
         self.token_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)  # wte
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)  # wpe
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.blocks = nn.ModuleList(TransformerEncoderLayer(config) for _ in range(config.num_hidden_layers))
+        # built with the exact GELU (FeedForward refuses any other), then GPT-2's tanh GELU swapped in
+        exact = replace(config, hidden_act="gelu")
+        self.blocks = nn.ModuleList(TransformerEncoderLayer(exact) for _ in range(config.num_hidden_layers))
         for block in self.blocks:
             block.feed_forward.gelu = activation(config.hidden_act)  # GPT-2: the tanh GELU
         self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # ln_f

@@ -14,11 +14,16 @@ class FeedForward(nn.Module):
     """Position-wise feed-forward: Linear -> GELU -> Linear -> dropout, applied to each token alone.
 
     ``hidden -> intermediate_size`` (4 x hidden in BERT) ``-> hidden``. The names match BERT's
-    ``intermediate.dense`` (``linear_1``) and ``output.dense`` (``linear_2``).
+    ``intermediate.dense`` (``linear_1``) and ``output.dense`` (``linear_2``). The activation is
+    always the exact GELU: a config whose ``hidden_act`` is not ``"gelu"`` is refused (a caller
+    that wants another, as ``tfcore.GPT`` does, builds with ``"gelu"`` and replaces ``.gelu``).
     """
 
     def __init__(self, config):
         super().__init__()
+        if getattr(config, "hidden_act", "gelu") != "gelu":
+            raise ValueError(f"FeedForward uses the exact GELU only, got hidden_act={config.hidden_act!r}: "
+                             "set hidden_act='gelu'")
         self.linear_1 = nn.Linear(config.hidden_size, config.intermediate_size)
         self.linear_2 = nn.Linear(config.intermediate_size, config.hidden_size)
         self.gelu = nn.GELU()  # the exact, erf-based GELU, as BERT's hidden_act="gelu"
