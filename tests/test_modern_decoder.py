@@ -181,7 +181,7 @@ def test_llama_port_equals_transformers_llama(name):
 FLOAT64_TOLERANCE = 1e-10
 GPT2_OFF_DEFAULT = dict(vocab_size=61, n_positions=40, n_embd=40, n_layer=3, n_head=5, n_inner=72,
                         activation_function="gelu", layer_norm_epsilon=1e-3, resid_pdrop=0.2,
-                        embd_pdrop=0.3, attn_pdrop=0.25, tie_word_embeddings=False)
+                        embd_pdrop=0.2, attn_pdrop=0.25, tie_word_embeddings=False)
 LLAMA_OFF_DEFAULT = dict(vocab_size=53, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
                          num_attention_heads=6, num_key_value_heads=2, head_dim=10,
                          max_position_embeddings=40, hidden_act="gelu", rms_norm_eps=1e-3,
@@ -258,6 +258,10 @@ def test_ports_reject_the_wrong_model():
         tfcore.Llama.from_transformers(gpt2())
     with pytest.raises(ValueError, match="scale_attn_by_inverse_layer_idx"):
         tfcore.GPT.from_transformers(gpt2(scale_attn_by_inverse_layer_idx=True))
+    # one dropout rate serves tfcore.GPT's embeddings and residual branches: a GPT-2 with two
+    # different rates would be ported with the wrong one, silently
+    with pytest.raises(ValueError, match="embd_pdrop=0.3 and resid_pdrop=0.2"):
+        tfcore.GPT.from_transformers(gpt2(embd_pdrop=0.3, resid_pdrop=0.2))
 
 
 def test_rmsnorm_and_swiglu_equal_transformers_modules():

@@ -151,11 +151,13 @@ class GPT(nn.Module):
         transpose, and cut ``c_attn`` into three. The port keeps the reference's dtype.
 
         Scope: every size of ``GPT2Config`` (``n_inner`` included), ``activation_function`` (the
-        names in ``ACTIVATIONS``), ``layer_norm_epsilon``, ``tie_word_embeddings``, the dropouts,
-        and ``reorder_and_upcast_attn`` (the same attention, rounded otherwise); checked equal to
+        names in ``ACTIVATIONS``), ``layer_norm_epsilon``, ``tie_word_embeddings``, the dropout
+        rates (carried over; an eval-mode comparison does not exercise them), and
+        ``reorder_and_upcast_attn`` (the same attention, rounded otherwise); checked equal to
         transformers in float64 within 1e-10 with all of these off their defaults
         (``tests/test_modern_decoder.py``). Refused with a ValueError: ``scale_attn_weights=False``,
-        ``scale_attn_by_inverse_layer_idx=True`` and ``add_cross_attention=True``.
+        ``scale_attn_by_inverse_layer_idx=True``, ``add_cross_attention=True``, and an
+        ``embd_pdrop`` other than ``resid_pdrop`` (one rate, ``hidden_dropout_prob``, serves both).
         """
         hf = model.config
         if getattr(hf, "model_type", None) != "gpt2" or not hasattr(model, "transformer"):
@@ -165,6 +167,11 @@ class GPT(nn.Module):
             if getattr(hf, flag, wanted) != wanted:
                 raise ValueError(f"tfcore.GPT does not implement GPT-2's {flag}={not wanted}; only "
                                  f"the standard GPT-2 wiring ({flag}={wanted}) can be ported")
+        if hf.embd_pdrop != hf.resid_pdrop:
+            raise ValueError(f"tfcore.GPT has one dropout rate for the embeddings and the residual branches "
+                             f"(hidden_dropout_prob), but this GPT-2 has embd_pdrop={hf.embd_pdrop} and "
+                             f"resid_pdrop={hf.resid_pdrop}; set them equal (the released GPT-2 configs do) "
+                             f"to port it")
         config = GPTConfig(vocab_size=hf.vocab_size, max_position_embeddings=hf.n_positions,
                            hidden_size=hf.n_embd, num_hidden_layers=hf.n_layer, num_attention_heads=hf.n_head,
                            intermediate_size=hf.n_inner, hidden_act=hf.activation_function,
