@@ -199,10 +199,17 @@ def float64_pair(make, port, settings, drawn=True):
     return reference, port(reference)
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+# the same Llama with the other rotary scaling the port reads
+LLAMA_LINEAR_OFF_DEFAULT = {**LLAMA_OFF_DEFAULT,
+                            "rope_parameters": {"rope_type": "linear", "factor": 2.5, "rope_theta": 3000.0}}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "llama-linear"])
 def test_ports_equal_transformers_in_float64_with_every_option_off_its_default(kind):
-    make, port, settings, vocab = ((gpt2, tfcore.GPT.from_transformers, GPT2_OFF_DEFAULT, 61) if kind == "gpt2"
-                                   else (llama, tfcore.Llama.from_transformers, LLAMA_OFF_DEFAULT, 53))
+    make, port, settings, vocab = (
+        (gpt2, tfcore.GPT.from_transformers, GPT2_OFF_DEFAULT, 61) if kind == "gpt2"
+        else (llama, tfcore.Llama.from_transformers,
+              LLAMA_OFF_DEFAULT if kind == "llama" else LLAMA_LINEAR_OFF_DEFAULT, 53))
     reference, ours = float64_pair(make, port, settings)
     assert all(p.dtype == torch.float64 for p in ours.parameters())  # the port keeps the dtype
     for name, parameter in reference.named_parameters():  # nothing left at 1 or 0: a lost copy shows
