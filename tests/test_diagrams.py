@@ -243,6 +243,28 @@ def test_decoder_only_diagram_draws_what_tfcores_models_do():
     assert llama.lm_head.weight is not llama.embed_tokens.weight
 
 
+def test_decoder_only_diagram_numbers_llamas_four_changes_only_when_asked():
+    assert texts(diagrams.decoder_only_diagram(), "key") == []
+    assert not any(t.get_gid().startswith("change:") for t in texts(diagrams.decoder_only_diagram()))
+    fig = diagrams.decoder_only_diagram(("gpt2", "llama"), changes=True)
+    titles = sorted(texts(fig, "title"), key=lambda t: xy(t)[0])
+    middle = (xy(titles[0])[0] + xy(titles[1])[0]) / 2
+    marks = [t for t in texts(fig) if t.get_gid().startswith("change:")]
+    assert all(xy(t)[0] > middle for t in marks)  # on the Llama panel only
+    assert sorted(t.get_text() for t in marks) == ["1", "1", "1", "2", "2", "3", "4"]
+
+    def boxes_marked(number):  # the boxes' texts at the height of each badge
+        return sorted(b.get_text().split()[0] for t in marks if t.get_text() == number
+                      for b in texts(fig) if b.get_gid() in ("norm", "final-norm", "sublayer", "embedding")
+                      and xy(b)[0] > middle and abs(xy(b)[1] - xy(t)[1]) < 0.5)
+
+    assert boxes_marked("1") == ["RMSNorm", "RMSNorm", "final"]
+    assert boxes_marked("2") == ["masked", "token"] and boxes_marked("3") == ["masked"]
+    assert boxes_marked("4") == ["SwiGLU:"]
+    assert "1 RMSNorm, 2 RoPE" in one(fig, "key").get_text()
+    assert smallest_text_px(fig) >= 9
+
+
 def test_decoder_only_diagram_draws_one_kind_and_refuses_others():
     assert len(texts(diagrams.decoder_only_diagram("llama"), "title")) == 1
     for bad in ("bert", (), ("gpt2", "t5")):

@@ -13,7 +13,7 @@ cell ending with it shows as a PNG, and draws the same picture on every run: no 
   ``embeddings=True``, the whole encoder (chapter 6);
 - ``encoder_decoder_diagram(source, target)``: the whole pre-LN encoder-decoder (chapter 9);
 - ``decoder_only_diagram(kinds)``: GPT-2's and Llama's decoder-only models side by side
-  (chapter 16).
+  (chapters 12 and 16; with ``changes=True`` the four changes numbered).
 
 Every text artist carries a ``gid`` saying what it labels (``"tensor:scores"``,
 ``"op:softmax"``, ``"norm"``, ``"sublayer"``, ``"add"``, ``"head:3"``, ...), so that a test can
@@ -529,22 +529,40 @@ _DECODER_ONLY = {
                        "masked self-attention:\nH query, H_kv key/value\nheads; RoPE on q and k", "attention"),
                       ("post_attention_layernorm", "mlp",
                        "SwiGLU:\ndown(silu(gate(x))\n* up(x))", "feed_forward")],
-        "head": "output layer,\na matrix of its own", "stack": "layers"},
+        "head": "output layer,\na matrix of its own", "stack": "layers",
+        # the four changes from GPT-2's block, numbered on their boxes by ``changes=True``
+        "changes": {"embedding": "2", "norm": "1", "attention": "2 3", "feed_forward": "4",
+                    "final-norm": "1"}},
 }
+CHANGES = "changed from GPT-2: 1 RMSNorm, 2 RoPE (no position table), 3 GQA, 4 SwiGLU"
+CHANGE_COLOUR = "#c00000"
 
 
-def _decoder_only_panel(ax, x, spec, box_w=3.0, gap=0.28) -> float:
+def _mark(ax, box: _Box, numbers: str) -> None:
+    """Numbered red badges on a box's right edge, one above the other, the first number on top."""
+    numbers = numbers.split()
+    for k, number in enumerate(numbers):
+        x, y = box.x + box.w / 2 + 0.06, box.y + 0.21 * (len(numbers) - 1) - 0.42 * k
+        ax.add_patch(Circle((x, y), 0.18, facecolor=CHANGE_COLOUR, edgecolor="white", zorder=3))
+        ax.text(x, y, number, ha="center", va="center", fontsize=SMALL + 1, color="white",
+                fontweight="bold", zorder=4, gid=f"change:{number}")
+
+
+def _decoder_only_panel(ax, x, spec, box_w=3.0, gap=0.28, changes=False) -> float:
     """One decoder-only model drawn upwards around the boxes' centre ``x``; returns its top."""
     skip_x, name_x = x + box_w / 2 + 0.3, x - box_w / 2 - 0.3
+    marks = spec.get("changes", {}) if changes else {}
 
     def name(y, text):
         ax.text(name_x, y, text, ha="right", va="center", fontsize=SMALL, family="monospace", gid="name")
 
-    def box(cursor, height, text, role, colour, module=None):
+    def box(cursor, height, text, role, colour, module=None, kind=None):
         b = _box(ax, x, cursor + gap + height / 2, box_w, height, text, role, colour)
         _arrow(ax, (x, cursor), b.bottom)
         if module:
             name(b.y, module)
+        if (kind or role) in marks:
+            _mark(ax, b, marks[kind or role])
         return b
 
     ax.text(x, 0.3, "token ids [B, L]", ha="center", va="center", fontsize=FONT, gid="tensor:input")
@@ -556,7 +574,7 @@ def _decoder_only_panel(ax, x, spec, box_w=3.0, gap=0.28) -> float:
         ax.plot([x, x], [cursor, branch_y], color="black", lw=1.2)
         ax.add_patch(Circle((x, branch_y), 0.05, color="black"))
         norm = box(branch_y, 0.45, spec["norm"], "norm", COLOURS["norm"], norm_name)
-        sub = box(norm.top[1], 0.95, text, "sublayer", COLOURS[colour], sub_name)
+        sub = box(norm.top[1], 0.95, text, "sublayer", COLOURS[colour], sub_name, kind=colour)
         add_y = sub.top[1] + gap + 0.17
         _arrow(ax, sub.top, (x, add_y - 0.17))
         _add(ax, x, add_y)
@@ -575,7 +593,7 @@ def _decoder_only_panel(ax, x, spec, box_w=3.0, gap=0.28) -> float:
     return head.top[1] + 0.75
 
 
-def decoder_only_diagram(kinds=("gpt2", "llama")) -> Diagram:
+def decoder_only_diagram(kinds=("gpt2", "llama"), *, changes=False) -> Diagram:
     """A decoder-only language model, drawn upwards, one panel per kind, side by side.
 
     ``kinds``: ``"gpt2"`` (``tfcore.GPT``: learned positions added once, LayerNorm, a GELU
@@ -584,6 +602,8 @@ def decoder_only_diagram(kinds=("gpt2", "llama")) -> Diagram:
     SwiGLU, an output layer of its own). Both wire their blocks pre-norm: ``x = x +
     sublayer(norm(x))``, twice per block, then one final norm. The module names of tfcore's
     classes stand left of their boxes, in the order the block calls them; biases are not drawn.
+    With ``changes=True`` the Llama panel numbers, in red, the four changes from GPT-2's block
+    (1 RMSNorm, 2 rotary positions, 3 grouped-query attention, 4 SwiGLU), keyed under the titles.
     """
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
     if not kinds or any(kind not in _DECODER_ONLY for kind in kinds):
@@ -591,8 +611,13 @@ def decoder_only_diagram(kinds=("gpt2", "llama")) -> Diagram:
     panel_w = 7.4
     fig, ax = _canvas(panel_w * len(kinds), 14)
     # the boxes' centre: module names on the left, the skip lines and "× N" on the right
-    tops = [_decoder_only_panel(ax, p * panel_w + 4.6, _DECODER_ONLY[kind]) for p, kind in enumerate(kinds)]
+    tops = [_decoder_only_panel(ax, p * panel_w + 4.6, _DECODER_ONLY[kind], changes=changes)
+            for p, kind in enumerate(kinds)]
     top = max(tops)
+    if changes and "llama" in kinds:
+        ax.text(panel_w * len(kinds) / 2, top + 0.2, CHANGES, ha="center", va="center", fontsize=FONT,
+                color=CHANGE_COLOUR, gid="key")
+        top += 0.5
     for p, kind in enumerate(kinds):
         ax.text(p * panel_w + 4.6, top + 0.2, _DECODER_ONLY[kind]["title"], ha="center", va="center",
                 fontsize=FONT + 1, gid="title")
