@@ -259,9 +259,9 @@ def test_decoder_only_diagram_numbers_llamas_four_changes_only_when_asked():
                       and xy(b)[0] > middle and abs(xy(b)[1] - xy(t)[1]) < 0.5)
 
     assert boxes_marked("1") == ["RMSNorm", "RMSNorm", "final"]
-    assert boxes_marked("2") == ["masked", "token"] and boxes_marked("3") == ["masked"]
-    assert boxes_marked("4") == ["SwiGLU:"]
-    assert "1 RMSNorm, 2 RoPE" in one(fig, "key").get_text()
+    assert boxes_marked("2") == ["masked", "token"] and boxes_marked("4") == ["masked"]
+    assert boxes_marked("3") == ["SwiGLU:"]
+    assert "1 RMSNorm, 2 RoPE (no position table), 3 SwiGLU, 4 GQA" in one(fig, "key").get_text()
     assert smallest_text_px(fig) >= 9
 
 

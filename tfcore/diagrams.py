@@ -531,10 +531,10 @@ _DECODER_ONLY = {
                        "SwiGLU:\ndown(silu(gate(x))\n* up(x))", "feed_forward")],
         "head": "output layer,\na matrix of its own", "stack": "layers",
         # the four changes from GPT-2's block, numbered on their boxes by ``changes=True``
-        "changes": {"embedding": "2", "norm": "1", "attention": "2 3", "feed_forward": "4",
+        "changes": {"embedding": "2", "norm": "1", "attention": "2 4", "feed_forward": "3",
                     "final-norm": "1"}},
 }
-CHANGES = "changed from GPT-2: 1 RMSNorm, 2 RoPE (no position table), 3 GQA, 4 SwiGLU"
+CHANGES = "changed from GPT-2: 1 RMSNorm, 2 RoPE (no position table), 3 SwiGLU, 4 GQA"
 CHANGE_COLOUR = "#c00000"
 
 
@@ -603,7 +603,7 @@ def decoder_only_diagram(kinds=("gpt2", "llama"), *, changes=False) -> Diagram:
     sublayer(norm(x))``, twice per block, then one final norm. The module names of tfcore's
     classes stand left of their boxes, in the order the block calls them; biases are not drawn.
     With ``changes=True`` the Llama panel numbers, in red, the four changes from GPT-2's block
-    (1 RMSNorm, 2 rotary positions, 3 grouped-query attention, 4 SwiGLU), keyed under the titles.
+    (1 RMSNorm, 2 rotary positions, 3 SwiGLU, 4 grouped-query attention, as chapter 16 numbers them), keyed under the titles.
     """
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
     if not kinds or any(kind not in _DECODER_ONLY for kind in kinds):
