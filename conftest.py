@@ -15,13 +15,15 @@ BOOK_TESTS = {"tests/test_book.py", "tests/test_browser.py"}
 
 
 def _rank(nodeid: str) -> int:
-    """The longest units first (chapter 10 trains twice, about 2.5 minutes each), then the other
-    runs of whole chapters and the built book, then the notebooks, then everything else, so that
-    no worker is left alone with a long unit at the end while the other core idles (each worker
-    has one thread)."""
-    if nodeid.startswith("tests/test_robustness.py::test_chapter_keeps_its_claims_under_another_seed[10_"):
+    """The longest units first (chapters 8, 23 and 10 train for one to two and a half minutes
+    each), then the other runs of whole chapters and the built book, then the notebooks, then
+    everything else, so that no worker is left alone with a long unit at the end while the
+    other core idles (each worker has one thread)."""
+    longest = ("08_", "23_", "10_")
+    if any(nodeid.startswith(f"tests/test_robustness.py::test_chapter_keeps_its_claims_under_another_seed[{c}")
+           for c in longest):
         return 0
-    if nodeid.startswith("notebooks/10_"):
+    if any(nodeid.startswith(f"notebooks/{c}") for c in longest):
         return 1
     if nodeid.startswith("tests/test_robustness.py::test_chapter_") or nodeid.split("::")[0] in BOOK_TESTS:
         return 2  # whole chapters again, and the book's build and browser walk (one unit)
