@@ -105,3 +105,27 @@ def test_a_wrong_reading_time_on_the_landing_page_is_found(tmp_path):
     nbformat.write(new_notebook(cells=[new_markdown_cell("word " * 1800)]), path)
     assert reading_minutes(path) == 10  # 1,800 words at 180 a minute
     assert landing_page_reading_times(row)[path.name] != reading_minutes(path)
+
+
+def _clock_sentence_problem(how_to_run: str, paths) -> str | None:
+    """How to run names the chapters whose code reads the clock; they must be exactly those."""
+    import re
+
+    from notebook_checks import CLOCK
+
+    found = re.search(r"Only chapters? ([\d ,and]+?) reads? the clock", how_to_run)
+    if found is None:
+        return "how_to_run.md no longer says which chapters read the clock"
+    stated = {int(n) for n in re.findall(r"\d+", found.group(1))}
+    reading = {int(p.name[:2]) for p in paths
+               if any(c.cell_type == "code" and CLOCK.search(c.source) for c in nbformat.read(p, as_version=4).cells)}
+    return None if stated == reading else f"how_to_run.md names chapters {sorted(stated)}; {sorted(reading)} read the clock"
+
+
+def test_how_to_run_names_the_chapters_that_read_the_clock():
+    assert _clock_sentence_problem((ROOT / "book" / "how_to_run.md").read_text(), NOTEBOOKS) is None
+
+
+def test_a_stale_clock_sentence_is_found():
+    stale = "time nothing on your machine. Only chapter 22 reads the clock, and it prints"
+    assert "[21, 22] read the clock" in _clock_sentence_problem(stale, NOTEBOOKS)
