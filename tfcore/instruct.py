@@ -132,8 +132,9 @@ def make_instruction(task: str, n: int) -> tuple[str, str]:
 
 def instruction_splits(numbers: range = range(1000), fractions=(0.7, 0.15)) -> dict:
     """``{"train" | "validation" | "test": [(task, n, prompt, answer), ...]}``: every task on every
-    number, split by the NUMBER (the underlying item), so that a test number appears in no training
-    instruction of any task."""
+    number, split by the NUMBER (the underlying item), so that a test number is the subject of no
+    training instruction of any task. It can still be a training reply: "reverse: 243" answers 342
+    (chapter 23 counts these)."""
     items = list(numbers)
     random.Random(SPLIT_SEED).shuffle(items)
     n_train, n_validation = int(fractions[0] * len(items)), int(fractions[1] * len(items))
