@@ -125,7 +125,8 @@ class AdditiveAttention(nn.Module):
 
     def forward(self, query, key, value, mask=None):
         if query.dim() != 3 or key.dim() != 3 or query.shape[-1] != self.w_q.in_features \
-                or key.shape[-1] != self.w_k.in_features or key.shape[:2] != value.shape[:2]:
+                or key.shape[-1] != self.w_k.in_features or key.shape[:2] != value.shape[:2] \
+                or query.shape[0] != key.shape[0]:
             raise ValueError(f"expected query [B, Lq, {self.w_q.in_features}], key [B, Lk, {self.w_k.in_features}] "
                              f"and value [B, Lk, dv], got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
         # [B, Lq, 1, d_a] + [B, 1, Lk, d_a] -> [B, Lq, Lk, d_a]: a vector of d_a numbers for every pair

@@ -174,3 +174,20 @@ def test_committed_speculative_rows_chapter_21_reads(committed):
     # §21.5 puts the cost of the target's cached pass over k + 1 tokens into Leviathan et al.'s formula
     passes = {r["new_tokens"]: r for r in committed["speculative"] if r["device"] == "cpu" and r["part"] == "pass"}
     assert sorted(passes) == list(range(1, 8)) and all(r["cached"] == 40 and r["seconds"] > 0 for r in passes.values())
+
+
+def test_chapter_13s_additive_attention_refuses_mismatched_batches():
+    """A query batch of 1 against keys of batch 2 broadcast silently to a batch of 2 before the check on
+    the batch axis (found by review F10); now it is a clear error, and matching shapes still run."""
+    import torch
+    from torch import nn
+
+    notebook = json.loads((ROOT / "notebooks" / "13_what_attention_costs.ipynb").read_text())
+    [cell] = [c for c in notebook["cells"] if "".join(c["source"]).startswith("class AdditiveAttention")]
+    namespace = {"torch": torch, "nn": nn}
+    exec("".join(cell["source"]), namespace)
+    attention = namespace["AdditiveAttention"](8, 8, 16)
+    key = value = torch.randn(2, 5, 8)
+    assert attention(torch.randn(2, 5, 8), key, value)[0].shape == (2, 5, 8)
+    with pytest.raises(ValueError, match=r"expected query \[B, Lq, 8\]"):
+        attention(torch.randn(1, 5, 8), key, value)
