@@ -84,8 +84,9 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout: nn.Modul
     used with 4-D inputs applies to every head. ``dropout``, when given, is applied to the weights.
 
     Returns ``(output [B, (H,) Lq, dv], weights [B, (H,) Lq, Lk])``. With ``need_weights=False``
-    the weights are never formed: PyTorch's fused kernel computes the output faster and in less
-    memory, and ``weights`` is None. PyTorch does not promise zeros for a fully masked row
+    the weights are never formed: PyTorch's ``scaled_dot_product_attention`` computes the output
+    (with a fused kernel for 4-D inputs; 3-D ones take its math path, chapter 13 §13.4), and
+    ``weights`` is None. PyTorch does not promise zeros for a fully masked row
     (on an NVIDIA H100 with torch 2.11, 4-D float16 and bfloat16 inputs took cuDNN, which returned
     finite non-zero rows: ``benchmarks/gpu_runs/2026-11-26-h100.md``), so such
     rows are set to zero after the fused call, as here; ``tests/test_attention.py`` checks that
