@@ -58,6 +58,15 @@ def test_landing_page_shows_the_chapter_map(html):
         assert f"{number}. " in svg or f">{number}." in svg
 
 
+def test_landing_page_shows_the_start_box_the_drawing_and_the_models_page(html):
+    page = (html / "book" / "intro.html").read_text()
+    assert re.search(r'<div class="tip admonition">\s*<p class="admonition-title">Start here', page)
+    assert 'href="https://colab.research.google.com/github/' in page
+    assert "└→ 19 → 20" in page and 'href="models.html"' in page
+    models = (html / "book" / "models.html").read_text()
+    assert "GPT2LMHeadModel" in models and "Chapter 24." in models
+
+
 @pytest.mark.parametrize("notebook", sorted(toc_notebooks()))
 def test_page_shows_the_stored_outputs_and_figures(html, notebook):
     page = (html / Path(notebook).with_suffix(".html")).read_text()

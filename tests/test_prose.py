@@ -129,3 +129,163 @@ def test_how_to_run_names_the_chapters_that_read_the_clock():
 def test_a_stale_clock_sentence_is_found():
     stale = "time nothing on your machine. Only chapter 22 reads the clock, and it prints"
     assert "[21, 22] read the clock" in _clock_sentence_problem(stale, NOTEBOOKS)
+
+
+# --- the model inventory (book/models.md) names every model class a chapter builds ---------------
+
+import re
+
+MODEL_CLASS = re.compile(
+    r"(?<![\w.])(?:transformers\.|tfcore\.(?:moe\.|gemma\.)?)?"
+    r"(\w+(?:ForCausalLM|LMHeadModel|ForSequenceClassification|ForPreTraining|ForMaskedLM)|BertModel|GPT2Model"
+    r"|GPT|Llama|Gemma|Mixtral|DeepseekV3WithExperts|make_model|EncoderDecoder|TransformerEncoder)"
+    r"(?:\(|\.from_pretrained\(|\.from_transformers\()")
+
+
+def built_model_classes(path) -> set[str]:
+    """The model classes a chapter's code builds or loads: `transformers`' model classes and
+    `tfcore`'s models, called or loaded by ``from_pretrained``/``from_transformers``."""
+    code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    return set(MODEL_CLASS.findall(code))
+
+
+def inventory_entries(text: str) -> dict[int, str]:
+    """``{chapter: its entry}`` from the bullets "- **Chapter N.** ..." of book/models.md."""
+    parts = re.split(r"^- \*\*Chapter (\d+)\.\*\*", text, flags=re.M)
+    return {int(n): entry for n, entry in zip(parts[1::2], parts[2::2])}
+
+
+def inventory_problems(text: str, paths) -> list[str]:
+    entries = inventory_entries(text)
+    problems = []
+    for path in paths:
+        chapter = int(path.name[:2])
+        if chapter not in entries:
+            problems.append(f"book/models.md has no entry for chapter {chapter}")
+            continue
+        for name in sorted(built_model_classes(path)):
+            if not re.search(rf"`(?:transformers\.|tfcore\.(?:moe\.)?)?{name}`", entries[chapter]):
+                problems.append(f"chapter {chapter} builds {name}; its entry in book/models.md does not name it")
+    return problems
+
+
+def test_the_model_inventory_names_every_model_a_chapter_builds():
+    assert inventory_problems((ROOT / "book" / "models.md").read_text(), NOTEBOOKS) == []
+
+
+def test_a_model_missing_from_the_inventory_is_found():
+    text = (ROOT / "book" / "models.md").read_text()
+    chapter_14 = [p for p in NOTEBOOKS if p.name.startswith("14_")]
+    assert "GPT2LMHeadModel" in built_model_classes(chapter_14[0])
+    planted = text.replace("a small `GPT2LMHeadModel` from `transformers`,\n  ported", "a small GPT-2, ported")
+    assert planted != text
+    assert inventory_problems(planted, chapter_14) == [
+        "chapter 14 builds GPT2LMHeadModel; its entry in book/models.md does not name it"]
+    assert "no entry for chapter 14" in inventory_problems(text.replace("**Chapter 14.**", "**Ch 14.**"), chapter_14)[0]
+
+
+# --- the landing page's "Start here" box and its drawing of what each chapter needs ---------------
+
+def total_hours_problem(text: str) -> str | None:
+    """The box's total reading time is the sum of the table's column, to the nearest hour."""
+    found = re.search(r"The (\d+) chapters take about (\d+) hours to read", text)
+    if found is None:
+        return "the landing page no longer states the total reading time"
+    times = landing_page_reading_times(text)
+    hours = round(sum(times.values()) / 60)
+    if (int(found.group(1)), int(found.group(2))) != (len(times), hours):
+        return f"the box says {found.group(1)} chapters, {found.group(2)} hours; the table sums to {len(times)}, {hours}"
+    return None
+
+
+def test_the_start_box_gives_the_table_total():
+    assert total_hours_problem((ROOT / "book" / "intro.md").read_text()) is None
+
+
+def test_a_stale_total_is_found():
+    text = (ROOT / "book" / "intro.md").read_text()
+    hours = re.search(r"take about (\d+) hours", text).group(1)
+    stale = text.replace(f"take about {hours} hours", f"take about {int(hours) + 2} hours")
+    assert "the table sums to" in total_hours_problem(stale)
+
+
+def test_the_colab_link_names_the_books_repository():
+    import yaml
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+    repository = url.removeprefix("https://github.com/").rstrip("/")
+    links = re.findall(r"colab\.research\.google\.com/github/([^/]+/[^/]+)/blob/main/(notebooks/[\w.-]+)",
+                       (ROOT / "book" / "intro.md").read_text())
+    assert links and all(repo == repository and (ROOT / path).is_file() for repo, path in links), links
+
+
+def prerequisites(text: str) -> dict[int, int]:
+    """``{chapter: the chapter it builds on}`` from the landing page's ```text drawing: "a → b" on a
+    line, and "a ┬→ b" with the "├→ c" and "└→ c" below the ┬, in its column."""
+    drawing = re.search(r"### What each chapter needs.*?```text\n(.*?)```", text, re.S).group(1)
+    parent, branch = {}, {}
+    for line in drawing.splitlines():
+        last = None
+        for token in re.finditer(r"\d+(?:, \d+)*|[┬├└]→|→", line):
+            kind = token.group()
+            if kind[0].isdigit():
+                for n in map(int, kind.split(", ")):
+                    assert n not in parent, f"chapter {n} is drawn twice"
+                    if last is not None:
+                        parent[n] = last
+                    elif n != 1:
+                        raise AssertionError(f"chapter {n} has no arrow into it")
+                last = int(kind.split(", ")[-1])
+            elif kind == "┬→":
+                branch[token.start()] = last
+            elif kind in ("├→", "└→"):
+                last = branch[token.start()]
+    return parent
+
+
+def chapters_named(path) -> set[int]:
+    """The chapters a notebook names in its markdown: "chapter N", "§N.M" or a link to its file."""
+    text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
+    return {int(a or b or c) for a, b, c in re.findall(r"[Cc]hapters? (\d+)|§(\d+)\.|\]\((\d\d)_", text)}
+
+
+# Earlier chapters that a chapter's opening names in passing, without needing them: chapter 9's
+# opening and chapter 12's recall that chapter 7 checked the encoder against BERT.
+NAMED_IN_PASSING = {9: {7}, 12: {7}}
+
+
+def prerequisite_problems(parent: dict[int, int], paths) -> list[str]:
+    problems = []
+    by_chapter = {int(p.name[:2]): p for p in paths}
+    if set(parent) | {1} != set(by_chapter):
+        problems.append(f"the drawing has chapters {sorted(set(parent) | {1})}")
+    for chapter, passing in NAMED_IN_PASSING.items():
+        opening = nbformat.read(by_chapter[chapter], as_version=4).cells[0].source
+        if not all(re.search(rf"\]\({n:02d}_", opening) for n in passing):
+            problems.append(f"chapter {chapter}'s opening no longer links {sorted(passing)}: drop it from NAMED_IN_PASSING")
+    for chapter, path in sorted(by_chapter.items()):
+        if chapter in parent and parent[chapter] not in chapters_named(path):
+            problems.append(f"chapter {chapter} is drawn on chapter {parent[chapter]}, which it never names")
+        ancestors, n = set(), chapter
+        while n in parent:
+            n = parent[n]
+            ancestors.add(n)
+        opening = nbformat.read(path, as_version=4).cells[0].source
+        linked = {int(n) for n in re.findall(r"\]\((\d\d)_", opening) if int(n) < chapter}
+        missing = linked - ancestors - NAMED_IN_PASSING.get(chapter, set())
+        if missing:
+            problems.append(f"chapter {chapter}'s opening links chapters {sorted(missing)}, not on its path")
+    return problems
+
+
+def test_the_drawing_of_what_each_chapter_needs_matches_the_chapters():
+    parent = prerequisites((ROOT / "book" / "intro.md").read_text())
+    assert prerequisite_problems(parent, NOTEBOOKS) == []
+
+
+def test_a_wrong_prerequisite_is_found():
+    parent = prerequisites((ROOT / "book" / "intro.md").read_text())
+    assert parent[17] == 13 and parent[10] == 9
+    assert "chapter 17 is drawn on chapter 6, which it never names" in prerequisite_problems(
+        parent | {17: 6}, NOTEBOOKS)
+    assert "chapter 21's opening links chapters [15], not on its path" in prerequisite_problems(
+        parent | {21: 14}, NOTEBOOKS)
