@@ -13,12 +13,14 @@
   path): deep dives fold away.
 - Each chapter's reading time (``reading_minutes``: the main path's prose at ``WORDS_PER_MINUTE``,
   plus ``MINUTES_PER_CODE_CELL`` for each main-path code cell and its output, rounded to 5 minutes)
-  is the one the landing page's table gives.
+  is the one the landing page's table gives, and the landing page's count of the cells tagged
+  ``nbval-ignore-output``, and of their chapters, is the notebooks' (``ignored_output_cells``).
 
 By hand: ``python tests/prose_checks.py notebooks/05_*.ipynb`` prints each notebook's main-path word
 count, code cells and reading time, and its broken references; with no argument, every notebook and
 every page of ``book/``. ``python tests/prose_checks.py --write-reading-times`` rewrites the landing
-page's reading times from the chapters as they are.
+page's reading times, and its count of the cells whose output nbval does not compare, from the
+chapters as they are.
 """
 
 from __future__ import annotations
@@ -168,9 +170,25 @@ def all_reference_problems(paths: list[Path] | None = None) -> list[str]:
     return problems
 
 
+IGNORED_OUTPUT = re.compile(r"(\d+)\s+cells,\s+in\s+(\d+)\s+chapters,\s+are\s+tagged\s+`nbval-ignore-output`")
+
+
+def ignored_output_cells(paths: list[Path] | None = None) -> tuple[int, int]:
+    """How many code cells are tagged ``nbval-ignore-output`` (their output is not compared), and in
+    how many chapters."""
+    counts = [sum("nbval-ignore-output" in c.metadata.get("tags", [])
+                  for c in nbformat.read(path, as_version=4).cells)
+              for path in (paths if paths is not None else notebooks())]
+    return sum(counts), sum(1 for n in counts if n)
+
+
 def write_reading_times(page: Path = ROOT / "book" / "intro.md") -> None:
-    """Rewrite the "Reading" column of the landing page's table from the chapters as they are."""
-    lines = page.read_text().splitlines()
+    """Rewrite the "Reading" column of the landing page's table, and its count of the cells tagged
+    ``nbval-ignore-output``, from the chapters as they are."""
+    cells, chapters = ignored_output_cells()
+    text = IGNORED_OUTPUT.sub(f"{cells} cells, in {chapters} chapters, are tagged `nbval-ignore-output`",
+                              page.read_text())
+    lines = text.splitlines()
     for i, row in enumerate(lines):
         link = re.match(r"\|\s*\[\d+\]\(\.\./notebooks/([\w.-]+\.ipynb)\)", row)
         if link:

@@ -9,9 +9,9 @@ from nbformat.v4 import new_markdown_cell, new_notebook
 
 from nbformat.v4 import new_code_cell
 
-from prose_checks import (MAX_MAIN_PATH_CODE_CELLS, MAX_MAIN_PATH_WORDS, ROOT, all_reference_problems,
-                          headings, landing_page_reading_times, main_path_code_cells, main_path_words,
-                          notebooks, reading_minutes, reference_problems)
+from prose_checks import (IGNORED_OUTPUT, MAX_MAIN_PATH_CODE_CELLS, MAX_MAIN_PATH_WORDS, ROOT,
+                          all_reference_problems, headings, ignored_output_cells, landing_page_reading_times,
+                          main_path_code_cells, main_path_words, notebooks, reading_minutes, reference_problems)
 
 NOTEBOOKS = notebooks()
 
@@ -42,7 +42,46 @@ def test_landing_page_gives_each_chapter_its_reading_time():
     assert stated == computed, {n: (stated.get(n), m) for n, m in computed.items() if stated.get(n) != m}
 
 
+def ignored_output_problem(text: str, paths) -> str | None:
+    """The landing page's "N cells, in M chapters, are tagged `nbval-ignore-output`" is the count in
+    the notebooks."""
+    found = IGNORED_OUTPUT.search(text)
+    if found is None:
+        return "the landing page no longer counts the cells tagged nbval-ignore-output"
+    stated, counted = (int(found.group(1)), int(found.group(2))), ignored_output_cells(paths)
+    if stated != counted:
+        return (f"the landing page says {stated[0]} cells in {stated[1]} chapters are tagged nbval-ignore-output; "
+                f"the notebooks have {counted[0]} in {counted[1]} (python tests/prose_checks.py --write-reading-times)")
+    return None
+
+
+def test_landing_page_counts_the_cells_whose_output_is_not_compared():
+    assert ignored_output_problem((ROOT / "book" / "intro.md").read_text(), NOTEBOOKS) is None
+
+
 # --- the same checks, shown to fail on planted problems -----------------------------------------
+
+
+def test_a_stale_count_of_uncompared_cells_is_found(tmp_path):
+    path = tmp_path / "01_x.ipynb"
+    ignored = {"tags": ["nbval-ignore-output"]}
+    nbformat.write(new_notebook(cells=[new_code_cell("a = 1", metadata=ignored), new_code_cell("b = 2"),
+                                       new_code_cell("c = 3", metadata={"tags": ["hide-cell", "nbval-ignore-output"]})]),
+                   path)
+    assert ignored_output_cells([path]) == (2, 1)
+    right = "Only 2 cells, in 1 chapters,\nare tagged `nbval-ignore-output`, so that"
+    assert ignored_output_problem(right, [path]) is None
+    assert "the notebooks have 2 in 1" in ignored_output_problem(right.replace("Only 2", "Only 3"), [path])
+    assert "no longer counts" in ignored_output_problem("Only a few cells are left uncompared.", [path])
+
+
+def test_writing_the_reading_times_also_writes_the_count(tmp_path):
+    from prose_checks import write_reading_times
+
+    page = tmp_path / "intro.md"
+    page.write_text("Only 1 cells, in 1 chapters, are tagged `nbval-ignore-output`, so that\n")
+    write_reading_times(page)
+    assert ignored_output_problem(page.read_text(), NOTEBOOKS) is None
 
 KNOWN = headings()
 
@@ -131,22 +170,55 @@ def test_a_stale_clock_sentence_is_found():
     assert "[21, 22] read the clock" in _clock_sentence_problem(stale, NOTEBOOKS)
 
 
-# --- the model inventory (book/models.md) names every model class a chapter builds ---------------
+# --- the model inventory (book/models.md) names every model class a chapter imports or names ------
 
 import re
 
-MODEL_CLASS = re.compile(
-    r"(?<![\w.])(?:transformers\.|tfcore\.(?:moe\.|gemma\.)?)?"
-    r"(\w+(?:ForCausalLM|LMHeadModel|ForSequenceClassification|ForPreTraining|ForMaskedLM)|BertModel|GPT2Model"
-    r"|GPT|Llama|Gemma|Mixtral|DeepseekV3WithExperts|make_model|EncoderDecoder|TransformerEncoder)"
-    r"(?:\(|\.from_pretrained\(|\.from_transformers\()")
+# tfcore's models: every tfcore class that ports a `transformers` model (`from_transformers`; a test
+# below keeps the list whole), its encoders and encoder-decoders, and the Keras appendix's model.
+TFCORE_MODELS = {"GPT", "Llama", "Gemma", "DeepseekV3", "Mixtral", "DeepseekV3WithExperts", "TransformerEncoder",
+                 "TransformerForSequenceClassification", "EncoderDecoder", "make_model", "Transformer"}
+IMPORT = re.compile(r"^[ \t]*from (transformers|tfcore)((?:\.\w+)*) import (\([^)]*\)|[^\n]*)", re.M)
+MODULE_ALIAS = re.compile(r"^[ \t]*import ((?:transformers|tfcore)(?:\.\w+)*) as (\w+)", re.M)
+
+
+def is_transformers_model(name: str) -> bool:
+    """A model class of the pinned `transformers`: a `PreTrainedModel` or an `Auto*` model class."""
+    import transformers
+    from transformers.models.auto.auto_factory import _BaseAutoModelClass
+
+    try:
+        found = getattr(transformers, name)
+    except (AttributeError, ImportError):
+        return False
+    return isinstance(found, type) and issubclass(found, (transformers.PreTrainedModel, _BaseAutoModelClass))
+
+
+def named_model_classes(code: str) -> set[str]:
+    """The `transformers` and `tfcore` model classes that code imports or names: every name imported
+    from either package, and every attribute written after ``transformers.``, ``tfcore.`` or an alias
+    of them or of one of their modules (``transformers.LlamaForCausalLM``, ``tfcore.moe.Mixtral``,
+    ``kt.Transformer``), kept when it is a model class. So a class is found however it is then called
+    (``model_class(config_class(**tiny))``, ``AutoModel.from_config``)."""
+    found = {"transformers": set(), "tfcore": set()}
+    roots = {"transformers": "transformers", "tfcore": "tfcore"}  # a name in the code -> its package
+    for package, _, names in IMPORT.findall(code):
+        for name, alias in re.findall(r"(\w+)(?:\s+as\s+(\w+))?", names.strip("()")):
+            found[package].add(name)
+            roots[alias or name] = package  # a module, or a class whose attributes are not models
+    for module, alias in MODULE_ALIAS.findall(code):
+        roots[alias] = module.split(".")[0]
+    for name, package in roots.items():
+        for chain in re.findall(rf"(?<![\w.]){name}((?:\.\w+)+)", code):
+            found[package].update(chain.split(".")[1:])
+    return ({n for n in found["transformers"] if is_transformers_model(n)}
+            | (found["tfcore"] & TFCORE_MODELS))
 
 
 def built_model_classes(path) -> set[str]:
-    """The model classes a chapter's code builds or loads: `transformers`' model classes and
-    `tfcore`'s models, called or loaded by ``from_pretrained``/``from_transformers``."""
-    code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
-    return set(MODEL_CLASS.findall(code))
+    """The model classes of `transformers` and `tfcore` that a chapter's code imports or names."""
+    return named_model_classes(
+        "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"))
 
 
 def inventory_entries(text: str) -> dict[int, str]:
@@ -164,12 +236,13 @@ def inventory_problems(text: str, paths) -> list[str]:
             problems.append(f"book/models.md has no entry for chapter {chapter}")
             continue
         for name in sorted(built_model_classes(path)):
-            if not re.search(rf"`(?:transformers\.|tfcore\.(?:moe\.)?)?{name}`", entries[chapter]):
-                problems.append(f"chapter {chapter} builds {name}; its entry in book/models.md does not name it")
+            # `Name`, `transformers.Name`, `tfcore.moe.Name`, `Name.from_config`
+            if not re.search(rf"`(?:transformers\.|tfcore\.(?:\w+\.)?)?{name}(?:\.\w+)?`", entries[chapter]):
+                problems.append(f"chapter {chapter} names {name}; its entry in book/models.md does not")
     return problems
 
 
-def test_the_model_inventory_names_every_model_a_chapter_builds():
+def test_the_model_inventory_names_every_model_class_a_chapter_names():
     assert inventory_problems((ROOT / "book" / "models.md").read_text(), NOTEBOOKS) == []
 
 
@@ -180,8 +253,59 @@ def test_a_model_missing_from_the_inventory_is_found():
     planted = text.replace("a small `GPT2LMHeadModel` from `transformers`,\n  ported", "a small GPT-2, ported")
     assert planted != text
     assert inventory_problems(planted, chapter_14) == [
-        "chapter 14 builds GPT2LMHeadModel; its entry in book/models.md does not name it"]
+        "chapter 14 names GPT2LMHeadModel; its entry in book/models.md does not"]
     assert "no entry for chapter 14" in inventory_problems(text.replace("**Chapter 14.**", "**Ch 14.**"), chapter_14)[0]
+
+
+def test_a_model_class_called_through_a_variable_is_found():
+    """Chapter 16's deep dive builds Mistral through ``model_class(config_class(**tiny))``: no call
+    of the class by its name, yet the inventory must name it."""
+    text = (ROOT / "book" / "models.md").read_text()
+    chapter_16 = [p for p in NOTEBOOKS if p.name.startswith("16_")]
+    planted = text.replace("`MistralForCausalLM`", "Mistral")
+    assert planted != text
+    assert inventory_problems(planted, chapter_16) == [
+        "chapter 16 names MistralForCausalLM; its entry in book/models.md does not"]
+
+
+def test_every_way_of_naming_a_model_class_is_found():
+    code = """
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    MistralForCausalLM,
+)
+import transformers
+from tfcore import moe as m
+import tfcore.keras_transformer as kt
+families = {"Mistral": MistralForCausalLM, "Qwen2": transformers.Qwen2ForCausalLM}
+model = families[name](BertConfig())
+auto = transformers.AutoModel.from_config(BertConfig())
+mix = m.Mixtral.from_transformers(model)
+keras_model = kt.Transformer(13, 13)
+encoder = tfcore.TransformerEncoder(tfcore.load_config())
+config = transformers.LlamaConfig()
+tokenizer = AutoTokenizer.from_pretrained(".")
+"""
+    assert named_model_classes(code) == {"MistralForCausalLM", "Qwen2ForCausalLM", "AutoModel", "Mixtral",
+                                         "Transformer", "TransformerEncoder"}
+
+
+def test_the_list_of_tfcore_models_is_whole():
+    """Every tfcore class that ports a `transformers` model (``from_transformers``) is in
+    TFCORE_MODELS, and every name there is defined in tfcore."""
+    import ast
+
+    defined, ports = set(), set()
+    for path in (ROOT / "tfcore").glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+                defined.add(node.name)
+            if isinstance(node, ast.ClassDef) and any(
+                    isinstance(f, ast.FunctionDef) and f.name == "from_transformers" for f in node.body):
+                ports.add(node.name)
+    assert ports and ports <= TFCORE_MODELS, ports - TFCORE_MODELS
+    assert TFCORE_MODELS <= defined, TFCORE_MODELS - defined
 
 
 # --- the landing page's "Start here" box and its drawing of what each chapter needs ---------------
@@ -216,6 +340,8 @@ def test_the_colab_link_names_the_books_repository():
     links = re.findall(r"colab\.research\.google\.com/github/([^/]+/[^/]+)/blob/main/(notebooks/[\w.-]+)",
                        (ROOT / "book" / "intro.md").read_text())
     assert links and all(repo == repository and (ROOT / path).is_file() for repo, path in links), links
+    others = re.findall(r"https://github\.com/([\w.-]+/[\w.-]+)", (ROOT / "book" / "intro.md").read_text())
+    assert all(repo == repository for repo in others if not repo.startswith("computationalmodelling/")), others
 
 
 def prerequisites(text: str) -> dict[int, int]:
