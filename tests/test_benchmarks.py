@@ -26,6 +26,8 @@ def test_smoke_run_writes_results_and_plot(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert {"date", "torch", "transformers", "torch_threads", "platform", "caches", "page_bytes", "libc"} <= set(results["machine"])
     assert all({"level", "type", "size"} <= set(cache) for cache in results["machine"]["caches"])
+    # a full run records its machine under every key's name too: chapter 13 reads machine_allocation
+    assert results["machine_allocation"] == results["machine_flash"] == results["machine"]
     assert {r["what"] for r in results["attention"]} == ATTENTION_CASES
     assert all(r["seconds"] > 0 for r in results["attention"] + results["encoder"])
     assert {r["what"] for r in results["encoder"]} == {"tfcore encoder", "BertModel (eager)", "BertModel (sdpa)"}
