@@ -5,7 +5,9 @@ blocks, admonition fences, HTML, images and link targets taken out (link texts s
 trains a small GPT on it, so it is frozen here, once: later edits to the prose must not change
 chapter 14's vocabulary or its data. The text is this book's, under its MIT licence.
 
-Run from the repository root: ``.venv/bin/python tools/book_prose.py``.
+Run from the repository root: ``.venv/bin/python tools/book_prose.py --overwrite``. Without that
+flag (or with any other argument) it writes nothing: the file is frozen, and chapter 14's
+outputs depend on it.
 """
 
 from __future__ import annotations
@@ -44,4 +46,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Freeze the book's prose into tfcore/data/book_prose.txt.")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the frozen corpus (chapter 14's data and vocabulary change with it)")
+    if not parser.parse_args().overwrite:
+        parser.error(f"{OUT.relative_to(ROOT)} is frozen; pass --overwrite to rebuild it on purpose")
     main()
