@@ -259,13 +259,35 @@ if __name__ == "__main__":  # handy by hand: python tests/notebook_checks.py not
             print(f"{arg}: {problem}")
 
 
+def execute(path: Path, env: dict | None = None, timeout: int = 600) -> str | None:
+    """Run a notebook top to bottom in a fresh kernel, comparing no output; return None when every
+    cell ran, else the failing cell's error (its traceback, uncoloured).
+
+    This is what a run under another seed or checkpoint must show: every claim the book makes is
+    an assert (``tfcore.check``), so a claim that fails raises. It is ``nbval --nbval-lax`` without
+    a pytest process of its own to start (about 2.5 s a notebook), stopping at the first error
+    (nbval goes on to the next cells). ``env`` is added to the environment of the kernel;
+    ``timeout`` is per cell, in seconds. The stored notebook is not changed.
+    """
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    try:
+        client.execute(env=os.environ | (env or {}))
+    except CellExecutionError as error:
+        return ANSI_COLOURS.sub("", str(error))
+    return None
+
+
 def nbval(*paths: Path, lax: bool = False, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
     """Run nbval on notebooks in a fresh pytest, outside this project's pytest config.
 
     Strict by default (every stored output compared, after tests/sanitize.cfg). ``lax=True``
-    compares no output: a run passes when no cell raises, which is what a run under another seed
-    or checkpoint must show, since every claim the book makes is an assert (``tfcore.check``).
-    ``env`` is added to the environment of the kernel.
+    compares no output: a run passes when no cell raises (``execute`` does the same in this
+    process, faster). ``env`` is added to the environment of the kernel.
     """
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--color=no", "--nbval-lax" if lax else "--nbval",
                "--nbval-current-env", "--nbval-sanitize-with", str(ROOT / "tests" / "sanitize.cfg"),
