@@ -11,7 +11,6 @@ import math
 
 import torch
 from torch import nn
-from transformers import BertConfig
 
 from .attention import MultiHeadAttention, _whole, causal_mask
 from .cache import KVCache
@@ -147,6 +146,8 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 2, d_model: int = 512, d
 
     ``src_vocab`` and ``tgt_vocab`` (the vocabulary sizes) are whole numbers >= 1; ``d_model`` is
     even (the sinusoidal positions) and divisible by ``h``."""
+    from transformers import BertConfig  # here, not at the top: ``import tfcore`` need not load transformers
+
     config = BertConfig(hidden_size=d_model, num_hidden_layers=N, num_attention_heads=h,
                         intermediate_size=d_ff, hidden_dropout_prob=dropout,
                         attention_probs_dropout_prob=dropout, layer_norm_eps=1e-5, norm_first=True)
