@@ -22,6 +22,8 @@ from views import views
 
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = ROOT / "screenshots"
+DRAWN = "document.querySelectorAll(`#${id} svg *`).length"  # a JavaScript expression of id
+MIN_DRAWN = 20  # SVG elements a view that has drawn shows at least
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
@@ -56,7 +58,17 @@ class Visit:
         self.page.goto(path.as_uri(), wait_until="load")
         self.page.wait_for_function("() => !window.MathJax || !window.MathJax.startup || "
                                     "window.MathJax.startup.promise.then(() => true)", timeout=30_000)
-        self.page.wait_for_timeout(500)  # let the views' requirejs callbacks run
+        ids = [view["root_div_id"] for view in views(path.read_text())]
+        if ids:  # the views draw in requirejs callbacks, after "load": wait until each has drawn
+            from playwright.sync_api import TimeoutError as Timeout
+
+            try:
+                self.page.wait_for_function(f"ids => ids.every(id => {DRAWN} >= {MIN_DRAWN})", arg=ids,
+                                            timeout=15_000)
+            except Timeout:
+                pass  # the tests count what was drawn and name the view
+        else:
+            self.page.wait_for_timeout(100)  # a late console error still has time to show
 
     def _route(self, route):
         if route.request.url.startswith("file://"):
@@ -132,8 +144,8 @@ def test_every_page_renders_offline(html, browser):
         for view in views(path.read_text()):
             found[view["kind"]] += 1
             div = view["root_div_id"]
-            drawn = page.evaluate("id => document.querySelectorAll(`#${id} svg *`).length", div)
-            if drawn < 20:
+            drawn = page.evaluate(f"id => {DRAWN}", div)
+            if drawn < MIN_DRAWN:
                 problems.append(f"{name}: {view['kind']} view {div} drew {drawn} SVG elements")
             if view["kind"] == "neuron" and _expand_neuron_view(page, div) < 20:
                 problems.append(f"{name}: neuron view {div} did not expand to its query/key detail")
@@ -187,10 +199,10 @@ def test_each_stored_view_draws_alone_offline(browser, tmp_path):
         visit = Visit(browser, path)
         [view] = views(html)
         kinds.append(view["kind"])
-        drawn = visit.page.evaluate("id => document.querySelectorAll(`#${id} svg *`).length", view["root_div_id"])
+        drawn = visit.page.evaluate(f"id => {DRAWN}", view["root_div_id"])
         problems += [f"{notebook}: {view['kind']} view: console error: {e}" for e in visit.errors]
         problems += [f"{notebook}: {view['kind']} view: tried to fetch {u}" for u in visit.outside]
-        if drawn < 20:
+        if drawn < MIN_DRAWN:
             problems.append(f"{notebook}: {view['kind']} view drew {drawn} SVG elements alone")
         visit.page.close()
     assert problems == [], "\n".join(problems)
