@@ -833,7 +833,8 @@ def main() -> None:
     measures = {
         "attention": lambda device: attention_alone(lengths, repeats, device),
         "encoder": lambda device: encoder(shapes, repeats, device),
-        "memory": lambda device: memory(lengths, device),
+        # a fresh process per point: in a smoke run one length (three processes) shows that each starts and reports
+        "memory": lambda device: memory(lengths[:1] if args.smoke else lengths, device),
         "layers": lambda device: layers(lengths, repeats, device),
         "additive": lambda device: additive(additive_lengths, repeats, device),
         "encoder_parts": lambda device: encoder_parts(part_lengths, repeats, device),

@@ -32,7 +32,8 @@ def test_smoke_run_writes_results_and_plot(tmp_path):
     assert all(r["seconds"] > 0 for r in results["attention"] + results["encoder"])
     assert {r["what"] for r in results["encoder"]} == {"tfcore encoder", "BertModel (eager)", "BertModel (sdpa)"}
     assert all(r["max_abs_difference_to_sdpa"] < 1e-4 for r in results["encoder"])  # same weights, same outputs
-    assert len(results["memory"]) == 6 and (tmp_path / "results.png").stat().st_size > 10_000
+    assert {r["what"] for r in results["memory"]} == {"attention, with weights", "attention, no weights", "encoder"}
+    assert all(r["peak_bytes"] >= 0 and r["length"] == 16 for r in results["memory"]) and (tmp_path / "results.png").stat().st_size > 10_000
     assert {r["what"] for r in results["layers"]} == LAYER_CASES
     assert {r["what"] for r in results["additive"]} == {"additive attention", "scaled dot-product attention"}
     assert {(r["model"], r["what"]) for r in results["encoder_parts"]} == {
