@@ -185,9 +185,9 @@ def test_ports_equal_transformers_in_float64_with_every_option_changed():
         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16,
         qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, first_k_dense_replace=1, n_routed_experts=8,
         num_experts_per_tok=3, n_shared_experts=2, n_group=4, topk_group=2, routed_scaling_factor=1.7,
-        attention_bias=True, rope_interleave=False, hidden_act="gelu",
-        rope_parameters={"rope_type": "default", "rope_theta": 700.0}, experts_implementation="eager",
-        bos_token_id=None, eos_token_id=None, pad_token_id=None)).double().eval())
+        attention_bias=True, rope_interleave=False, hidden_act="gelu", norm_topk_prob=False,
+        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 700.0},
+        experts_implementation="eager", bos_token_id=None, eos_token_id=None, pad_token_id=None)).double().eval())
     for cls, reference in ((Mixtral, mixtral), (DeepseekV3WithExperts, deepseek)):
         ours = cls.from_transformers(reference)
         assert next(ours.parameters()).dtype == torch.float64
