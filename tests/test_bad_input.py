@@ -705,6 +705,9 @@ OTHERS = [
     case("training-classifier-batch", lambda: training.train_classifier(
         torch.nn.Linear(4, 2), (t(4, 4), torch.tensor([0, 1, 0, 1])), (t(4, 4), torch.tensor([0, 1, 0, 1])),
         1, 1e-3, batch_size=0, log=None), ValueError, "batch_size"),
+    case("training-classifier-warmup", lambda: training.train_classifier(
+        torch.nn.Linear(4, 2), (t(4, 4), torch.tensor([0, 1, 0, 1])), (t(4, 4), torch.tensor([0, 1, 0, 1])),
+        1, 1e-3, warmup_steps=-1, log=None), ValueError, "warmup_steps"),
     case("training-classifier-lr", lambda: training.train_classifier(
         torch.nn.Linear(4, 2), (t(4, 4), torch.tensor([0, 1, 0, 1])), (t(4, 4), torch.tensor([0, 1, 0, 1])),
         1, 0.0, log=None), ValueError, "lr"),

@@ -137,3 +137,28 @@ def test_training_nothing_raises_a_clear_error():
     data = (torch.ones(4, 3, dtype=torch.long), torch.ones(4, 3, dtype=torch.long), torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match="no parameter of the model requires a gradient"):
         tfcore.train_classifier(model, data, data, epochs=1, lr=1e-3, log=None)
+
+
+
+def test_warmup_raises_the_learning_rate_linearly_then_holds_it():
+    """Each step's move of a weight reads back the learning rate the loop used.
+
+    With a gradient that keeps its sign and nearly its size, AdamW moves a weight by about the
+    step's rate (m̂/√v̂ is about ±1; weight decay adds 1% of the weight). One step per epoch
+    (the batch holds all four examples), and ``log`` keeps the weight after each.
+    """
+    lr, x, y = 1e-2, torch.ones(4, 1), torch.zeros(4, dtype=torch.long)
+
+    def moves(warmup_steps):
+        tfcore.setup(seed=0)
+        model = nn.Linear(1, 2, bias=False)
+        with torch.no_grad():
+            model.weight.copy_(torch.tensor([[1.0], [0.0]]))
+        kept = [model.weight.detach().clone()]
+        tfcore.train_classifier(model, (x, y), (x, y), epochs=6, lr=lr, batch_size=4,
+                                log=lambda line: kept.append(model.weight.detach().clone()),
+                                warmup_steps=warmup_steps)
+        return [(after - before).abs().max().item() for before, after in zip(kept, kept[1:])]
+
+    assert moves(0) == pytest.approx([lr] * 6, rel=0.03)
+    assert moves(4) == pytest.approx([lr / 4, lr / 2, 3 * lr / 4, lr, lr, lr], rel=0.03)

@@ -90,7 +90,7 @@ def train_mode(model, frozen_in_eval: bool = True):
 
 
 def train_classifier(model, train, validation, epochs: int, lr: float, batch_size: int = 32,
-                     seed: int = 0, log=print, frozen_in_eval: bool = True) -> dict:
+                     seed: int = 0, log=print, frozen_in_eval: bool = True, warmup_steps: int = 0) -> dict:
     """Train the parameters of ``model`` that require gradients; return the history.
 
     ``train`` and ``validation`` are ``(*inputs, labels)``. After each epoch it logs the mean
@@ -105,8 +105,13 @@ def train_classifier(model, train, validation, epochs: int, lr: float, batch_siz
     (``train_mode``): a head trained on features computed once by the frozen encoder in eval
     mode is then the same model as this one (chapter 8). ``frozen_in_eval=False`` switches
     dropout on in the frozen parts too.
+
+    ``warmup_steps`` > 0 raises the learning rate linearly over the first steps: step ``k``
+    (from 1) uses ``lr * min(1, k / warmup_steps)``, then ``lr`` to the end (chapter 8's model A;
+    chapter 10 builds a warm-up with a decay). 0, the default, uses ``lr`` from the first step.
     """
-    for name, value, least in (("epochs", epochs, 0), ("batch_size", batch_size, 1)):
+    for name, value, least in (("epochs", epochs, 0), ("batch_size", batch_size, 1),
+                               ("warmup_steps", warmup_steps, 0)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
             raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
     if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
@@ -119,11 +124,15 @@ def train_classifier(model, train, validation, epochs: int, lr: float, batch_siz
     optimizer = torch.optim.AdamW(trainable, lr=lr)
     order = torch.Generator().manual_seed(shifted(seed))
     history = {"loss": [], "train_accuracy": [], "validation_accuracy": []}
+    step = 0
     for epoch in range(1, epochs + 1):
         train_mode(model, frozen_in_eval)
         losses = []
         for batch in torch.randperm(len(labels), generator=order).split(batch_size):
             batch = batch.to(labels.device)
+            step += 1
+            if warmup_steps:
+                optimizer.param_groups[0]["lr"] = lr * min(1.0, step / warmup_steps)
             loss = F.cross_entropy(model(*(x[batch] for x in inputs)), labels[batch])
             optimizer.zero_grad()
             loss.backward()
