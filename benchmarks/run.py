@@ -1,7 +1,7 @@
 """What attention costs: time and memory of attention and of the encoder, measured in one process.
 
     .venv/bin/python benchmarks/run.py                 # full run (about ten minutes on 2 CPU cores)
-    .venv/bin/python benchmarks/run.py --smoke         # seconds: tiny sizes, for the test suite
+    .venv/bin/python benchmarks/run.py --smoke         # seconds: tiny sizes, one repeat, for the test suite
     .venv/bin/python benchmarks/run.py --out DIR       # write results.json and results.png into DIR
 
 The committed results live in ``tfcore/data/benchmark_results.json`` (so that they ship with tfcore
@@ -9,7 +9,8 @@ and read the same on Colab: ``tfcore.load_benchmark_results()``), the plot in
 ``benchmarks/results.png``; ``--out DIR`` writes both into DIR instead.
 
 Every timing is the median of several repeats after warm-up, with ``torch.no_grad()`` and a
-fixed thread count. Memory is measured in a fresh subprocess per point: after a warm-up pass,
+fixed thread count. Memory is measured in a fresh subprocess per point (a smoke run measures its
+few points one after the other in one fresh subprocess per key): after a warm-up pass,
 the peak resident memory is reset (Linux's /proc/self/clear_refs) and we record how far one more
 pass raises it above the memory in use (VmHWM - VmRSS), on the CPU, or
 ``torch.cuda.max_memory_allocated`` on a GPU. Chapter 13 reads the committed results.
@@ -569,16 +570,26 @@ def _memory_point(kind: str, length: int, device: str) -> dict:
             "weights_bytes": heads * length * length * 4}
 
 
-def memory(lengths, device) -> list[dict]:
+def _in_fresh_processes(flag: str, points: list[tuple], one_process: bool = False) -> list[dict]:
+    """Run this script as ``run.py FLAG POINT...``, a fresh process for each point, and return the
+    JSON row that each point prints (its last line of output).
+
+    ``one_process`` (smoke runs only) measures all the points one after the other in one fresh
+    process: a smoke run checks that such a process starts, measures and reports, and each start
+    costs seconds of imports (about 5 s of CPU time for the encoder's). A full run never sets it.
+    """
     rows = []
-    for kind in ("attention, with weights", "attention, no weights", "encoder"):
-        for length in lengths:
-            if kind == "encoder" and length > 512:
-                continue  # BERT has 512 positions
-            out = subprocess.run([sys.executable, __file__, "--memory-point", kind, str(length), device],
-                                 capture_output=True, text=True, check=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    for group in [points] if one_process else [[point] for point in points]:
+        command = [sys.executable, __file__] + [str(part) for point in group for part in (flag, *point)]
+        out = subprocess.run(command, capture_output=True, text=True, check=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+        rows += [json.loads(line) for line in out.stdout.strip().splitlines()[-len(group):]]
     return rows
+
+
+def memory(lengths, device, one_process: bool = False) -> list[dict]:
+    points = [(kind, length, device) for kind in ("attention, with weights", "attention, no weights", "encoder")
+              for length in lengths if not (kind == "encoder" and length > 512)]  # BERT has 512 positions
+    return _in_fresh_processes("--memory-point", points, one_process)
 
 
 FLASH_HEADS, FLASH_HEAD_DIM = 4, 64
@@ -666,13 +677,14 @@ def _cuda_peak(fn) -> int | None:
     return peak
 
 
-def flash(lengths, repeats: int, device: str) -> list[dict]:
+def flash(lengths, repeats: int, device: str, one_process: bool = False) -> list[dict]:
     """Attention by tfcore's plain path (with its L x L weights), tfcore's tiled ``flash_attention``
     and PyTorch's SDPA, batch 1, FLASH_HEADS heads of FLASH_HEAD_DIM: forward time (median of
     ``repeats`` rounds after a warm-up round, the cases taking turns, ``torch.no_grad()``) and the
     rise of the peak memory of one pass.
 
-    CPU: float32; the memory in a fresh subprocess per point (Linux's /proc, as ``memory``).
+    CPU: float32; the memory in a fresh subprocess per point (Linux's /proc, as ``memory``; with
+    ``one_process``, a smoke run's, one fresh subprocess per length for all its cases).
     CUDA: float32 and float16, SDPA also forced onto each backend with ``sdpa_kernel``; time with
     ``torch.cuda.synchronize()`` before and after each call, memory as
     ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``, above what was
@@ -689,6 +701,7 @@ def flash(lengths, repeats: int, device: str) -> list[dict]:
                      for what, (fn, backend) in _flash_cases(device, dtype, q, k, v).items()}
             with torch.no_grad():
                 seconds = _flash_seconds(cases, repeats, device)
+                on_cpu = []  # rows whose memory a fresh process measures, after the timings of this length
                 for what, fn in cases.items():
                     row = {"what": what, "length": length, "batch": 1, "heads": FLASH_HEADS, "head_dim": FLASH_HEAD_DIM,
                            "dtype": str(dtype).removeprefix("torch."),
@@ -698,11 +711,11 @@ def flash(lengths, repeats: int, device: str) -> list[dict]:
                     if row["refused"] is None and device == "cuda":
                         row["peak_bytes"] = _cuda_peak(fn)
                     elif row["refused"] is None:
-                        out = subprocess.run([sys.executable, __file__, "--flash-memory-point", what, str(length)],
-                                             capture_output=True, text=True, check=True,
-                                             env=os.environ | {"HF_HUB_OFFLINE": "1"})
-                        row |= json.loads(out.stdout.strip().splitlines()[-1])
+                        on_cpu.append(row)
                     rows.append(row)
+                points = [(row["what"], length) for row in on_cpu]
+                for row, measured in zip(on_cpu, _in_fresh_processes("--flash-memory-point", points, one_process)):
+                    row |= measured
             del q, k, v, cases
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -799,17 +812,20 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated keys to measure, merged into the existing results.json")
     parser.add_argument("--devices", help="comma-separated devices to measure (default: cpu, and cuda when "
                         "available); with --only, the rows of the other devices under those keys are kept")
-    parser.add_argument("--memory-point", nargs=3, metavar=("KIND", "LENGTH", "DEVICE"), help=argparse.SUPPRESS)
-    parser.add_argument("--flash-memory-point", nargs=2, metavar=("WHAT", "LENGTH"), help=argparse.SUPPRESS)
+    # a full run passes one point per process; a smoke run repeats the flag, its points measured in turn
+    parser.add_argument("--memory-point", nargs=3, action="append", metavar=("KIND", "LENGTH", "DEVICE"),
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--flash-memory-point", nargs=2, action="append", metavar=("WHAT", "LENGTH"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.memory_point:
-        kind, length, device = args.memory_point
-        print(json.dumps(_memory_point(kind, int(length), device)))
+        for kind, length, device in args.memory_point:
+            print(json.dumps(_memory_point(kind, int(length), device)), flush=True)
         return
     if args.flash_memory_point:
-        what, length = args.flash_memory_point
-        print(json.dumps(_flash_memory_point(what, int(length))))
+        for what, length in args.flash_memory_point:
+            print(json.dumps(_flash_memory_point(what, int(length))), flush=True)
         return
 
     import tfcore
@@ -822,7 +838,7 @@ def main() -> None:
             parser.error(f"devices {sorted(unknown_devices)} are not available here; choose from {devices}")
         devices = args.devices.split(",")
     lengths = [16, 32] if args.smoke else [64, 128, 256, 512, 1024, 2048]
-    repeats = 2 if args.smoke else 7
+    repeats = 1 if args.smoke else 7  # a smoke run checks that every row is written, not its median
     shapes = [(1, 16)] if args.smoke else [(8, 128), (1, 512)]
     part_lengths = [16, 32] if args.smoke else [128, 512, 1024, 2048, 4096]
     additive_lengths = [L for L in lengths if L <= 1024]  # its [1, L, L, 64] intermediate: 256 MiB at 1024
@@ -833,20 +849,20 @@ def main() -> None:
     measures = {
         "attention": lambda device: attention_alone(lengths, repeats, device),
         "encoder": lambda device: encoder(shapes, repeats, device),
-        # a fresh process per point: in a smoke run one length (three processes) shows that each starts and reports
-        "memory": lambda device: memory(lengths[:1] if args.smoke else lengths, device),
+        # a fresh process per point; a smoke run measures one length, its three points in one fresh process
+        "memory": lambda device: memory(lengths[:1] if args.smoke else lengths, device, one_process=args.smoke),
         "layers": lambda device: layers(lengths, repeats, device),
         "additive": lambda device: additive(additive_lengths, repeats, device),
         "encoder_parts": lambda device: encoder_parts(part_lengths, repeats, device),
-        "generation": lambda device: generation(models, prompt, new_tokens, 2 if args.smoke else 7, device),
-        "cache": lambda device: cache_speedup(models[smallest], smallest, prompt, total, 2 if args.smoke else 3, device),
-        "per_token": lambda device: per_token(models, token_positions, 3 if args.smoke else 15, device),
+        "generation": lambda device: generation(models, prompt, new_tokens, 1 if args.smoke else 7, device),
+        "cache": lambda device: cache_speedup(models[smallest], smallest, prompt, total, 1 if args.smoke else 3, device),
+        "per_token": lambda device: per_token(models, token_positions, 1 if args.smoke else 15, device),
         "allocation": lambda device: [row for threads in ([1] if args.smoke else [1, 2]) for row in allocation(
-            [16, 32] if args.smoke else [256, 512, 1024, 2048], 2 if args.smoke else 25, device, threads)],
+            [16, 32] if args.smoke else [256, 512, 1024, 2048], 1 if args.smoke else 25, device, threads)],
         "speculative": lambda device: speculative([1, 3] if args.smoke else [1, 2, 3, 4, 5, 6], 16 if args.smoke else 96,
-                                                  2 if args.smoke else 9, 2 if args.smoke else 201, device),
+                                                  1 if args.smoke else 9, 1 if args.smoke else 201, device),
         "flash": lambda device: flash([32] if args.smoke else [512, 1024, 2048, 4096, 8192] + (
-            [16384, 32768] if device == "cuda" else []), 1 if args.smoke else 5, device),
+            [16384, 32768] if device == "cuda" else []), 1 if args.smoke else 5, device, one_process=args.smoke),
     }
     keys = list(measures) if not args.only else args.only.split(",")
     unknown = set(keys) - set(measures)
