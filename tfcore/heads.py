@@ -12,8 +12,9 @@ class TransformerForSequenceClassification(nn.Module):
 
     Not quite BERT's head: transformers' ``BertForSequenceClassification`` (like Google's
     ``run_classifier.py``) classifies the *pooler's* output, ``tanh(Linear(hidden, hidden)([CLS]))``.
-    This head leaves the pooler out on purpose; chapter 8 shows that the encoder plus the pooler's
-    weights and the same linear layer give transformers' logits, and what the pooler changes.
+    This head leaves the pooler out on purpose; chapter 7 (§7.2) recomputes transformers' logits
+    from the encoder, the pooler's weights and the linear layer, and chapter 8 shows what the
+    pooler changes.
 
     ``forward(input_ids [B, L], attention_mask [B, L] = None, token_type_ids = None)`` -> logits
     ``[B, num_labels]`` (``config.num_labels``).
