@@ -6,6 +6,8 @@ book serves, every matplotlib figure is loaded and non-empty, every internal lin
 With SCREENSHOTS=1 in the environment, a full-page screenshot of each page goes to screenshots/
 (git-ignored) for review; they are off by default, since they took about half of the test's time
 and nothing checks them.
+
+Every visit navigates one tab (a fresh document each time, with listeners of its own).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from views import views
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = ROOT / "screenshots"
 DRAWN = "document.querySelectorAll(`#${id} svg *`).length"  # a JavaScript expression of id
+# Every URL but the book's own files: matched in the browser, so only these requests reach Python
+OUTSIDE = re.compile(r"^(?!file://)")
 MIN_DRAWN = 20  # SVG elements a view that has drawn shows at least
 
 pytestmark = pytest.mark.skipif(
@@ -46,15 +50,27 @@ def browser():
         chromium.close()
 
 
-class Visit:
-    """One page, loaded offline: what it logged and what it tried to fetch from outside."""
+@pytest.fixture(scope="module")
+def tab(browser):
+    """The one tab that every visit navigates: opening a tab (a context and a renderer) per page
+    cost about half the walk's CPU time."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    yield page
+    page.close()
 
-    def __init__(self, browser, path: Path):
-        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
+
+class Visit:
+    """One page, loaded offline in ``tab``: what it logged and what it tried to fetch from outside.
+    ``close()`` detaches the listeners, so the next visit's page counts only its own."""
+
+    def __init__(self, tab, path: Path):
+        self.page = tab
         self.errors, self.outside = [], []
-        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.route("**/*", self._route)
+        self._listeners = {"console": lambda m: m.type == "error" and self.errors.append(m.text),
+                           "pageerror": lambda e: self.errors.append(str(e))}
+        for event, listener in self._listeners.items():
+            self.page.on(event, listener)
+        self.page.route(OUTSIDE, self._route)
         self.page.goto(path.as_uri(), wait_until="load")
         self.page.wait_for_function("() => !window.MathJax || !window.MathJax.startup || "
                                     "window.MathJax.startup.promise.then(() => true)", timeout=30_000)
@@ -70,12 +86,14 @@ class Visit:
         else:
             self.page.wait_for_timeout(100)  # a late console error still has time to show
 
-    def _route(self, route):
-        if route.request.url.startswith("file://"):
-            route.continue_()
-        else:
-            self.outside.append(route.request.url)
-            route.abort()
+    def _route(self, route):  # only requests for outside the book get here (OUTSIDE)
+        self.outside.append(route.request.url)
+        route.abort()
+
+    def close(self):
+        for event, listener in self._listeners.items():
+            self.page.remove_listener(event, listener)
+        self.page.unroute(OUTSIDE, self._route)
 
 
 def _expand_neuron_view(page, div_id: str) -> int:
@@ -120,13 +138,13 @@ def _sideways(page) -> list[str]:
     }""")
 
 
-def test_every_page_renders_offline(html, browser):
+def test_every_page_renders_offline(html, tab):
     SHOTS.mkdir(exist_ok=True)
     found = {"pages": 0, "math": 0, "figures": 0, "neuron": 0, "head": 0, "model": 0}
     problems = []
     for path in pages(html):
         name = path.relative_to(html).as_posix()
-        visit = Visit(browser, path)
+        visit = Visit(tab, path)
         page = visit.page
         found["pages"] += 1
         problems += [f"{name}: console error: {e}" for e in visit.errors]
@@ -155,7 +173,7 @@ def test_every_page_renders_offline(html, browser):
                      for line in _sideways(page)]
         if os.environ.get("SCREENSHOTS") == "1":
             page.screenshot(path=str(SHOTS / (name.replace("/", "__") + ".png")), full_page=True)
-        page.close()
+        visit.close()
 
     assert problems == [], "\n".join(problems)
     # Not vacuous: the book has pages, math, figures and every kind of view.
@@ -164,14 +182,14 @@ def test_every_page_renders_offline(html, browser):
     assert min(found["neuron"], found["head"], found["model"]) >= 1, found
 
 
-def test_a_code_line_wider_than_the_column_is_found(html, browser):
+def test_a_code_line_wider_than_the_column_is_found(html, tab):
     """The sideways check is not vacuous: a line widened in a chapter's first code cell is found."""
     path = next(p for p in pages(html) if p.parent.name == "notebooks")
-    visit = Visit(browser, path)
+    visit = Visit(tab, path)
     visit.page.evaluate("""() => { const pre = document.querySelector('div.cell_input pre');
                                   pre.append('\\n' + 'x = 1  # ' + 'y'.repeat(300)); }""")
     assert any("y" * 40 in line for line in _sideways(visit.page))
-    visit.page.close()
+    visit.close()
 
 
 def _stored_view_outputs() -> list[tuple[str, str]]:
@@ -188,7 +206,7 @@ def _stored_view_outputs() -> list[tuple[str, str]]:
     return found
 
 
-def test_each_stored_view_draws_alone_offline(browser, tmp_path):
+def test_each_stored_view_draws_alone_offline(tab, tmp_path):
     """As on Colab, where each output is a page of its own: the view's own deflated copy of the
     libraries and of its data must be enough, with the network cut."""
     outputs = _stored_view_outputs()
@@ -196,7 +214,7 @@ def test_each_stored_view_draws_alone_offline(browser, tmp_path):
     for i, (notebook, html) in enumerate(outputs):
         path = tmp_path / f"view{i}.html"
         path.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{html}</body></html>")
-        visit = Visit(browser, path)
+        visit = Visit(tab, path)
         [view] = views(html)
         kinds.append(view["kind"])
         drawn = visit.page.evaluate(f"id => {DRAWN}", view["root_div_id"])
@@ -204,6 +222,6 @@ def test_each_stored_view_draws_alone_offline(browser, tmp_path):
         problems += [f"{notebook}: {view['kind']} view: tried to fetch {u}" for u in visit.outside]
         if drawn < MIN_DRAWN:
             problems.append(f"{notebook}: {view['kind']} view drew {drawn} SVG elements alone")
-        visit.page.close()
+        visit.close()
     assert problems == [], "\n".join(problems)
     assert {"neuron", "head", "model"} <= set(kinds), kinds
