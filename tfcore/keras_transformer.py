@@ -120,6 +120,8 @@ class MultiHeadAttentionLayer(keras.layers.Layer):
     ``call(query [B, Lq, d_model], key [B, Lk, d_model] = query, value = key, attn_mask=None)`` ->
     ``[B, Lq, d_model]``. The counterpart of ``tfcore.MultiHeadAttention``, which computes every
     head with one fused projection: head ``i`` owns its rows ``i*head_dim .. (i+1)*head_dim - 1``.
+    Unlike it, no dropout on the attention weights: the two agree at inference, or with that
+    dropout at 0.
     """
 
     def __init__(self, d_model: int, num_heads: int, **kwargs):
