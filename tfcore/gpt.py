@@ -27,12 +27,54 @@ ACTIVATIONS = {
 }
 
 
-def positions_and_mask(input_ids, cache: KVCache | None, vocab_size: int, max_positions: int):
-    """Check ``input_ids [B, L]`` and return the positions ``[L]`` of its tokens and their causal mask.
+def check_attention_mask(attention_mask, input_ids: torch.Tensor, past: int = 0) -> torch.Tensor:
+    """The tokenizer's ``attention_mask`` (1 = real token, 0 = padding), checked and returned as bool.
+
+    It covers the ``past`` cached positions and the ``L`` new ones: ``[B, past + L]`` for
+    ``input_ids [B, L]`` (transformers' convention). Integers or bools holding 0 and 1 only.
+    """
+    batch, length = input_ids.shape
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a torch.Tensor of 0/1 (1 = real token), got "
+                        f"{type(attention_mask).__name__}; pass the tokenizer's attention_mask")
+    if tuple(attention_mask.shape) != (batch, past + length):
+        raise ValueError(f"attention_mask must be [B, cached + new positions] = [{batch}, {past + length}] "
+                         f"({past} cached, {length} new), got {tuple(attention_mask.shape)}; extend it with "
+                         f"a 1 for every token fed to the model, as tfcore.generate does")
+    if attention_mask.is_floating_point() or attention_mask.is_complex():
+        raise TypeError(f"attention_mask must hold integers or bools (1 = real token, 0 = padding), got "
+                        f"{attention_mask.dtype}; use attention_mask.long()")
+    if attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token); it holds other "
+                         "values: pass the tokenizer's attention_mask, not the input_ids")
+    return attention_mask.to(torch.bool)
+
+
+def mask_positions(real: torch.Tensor, length: int) -> torch.Tensor:
+    """The positions ``[B, length]`` of the last ``length`` tokens of ``real [B, T]`` (bool, True = real).
+
+    A real token's position is the number of real tokens before it in its row, so a left-padded
+    prompt starts at 0 as it would alone; padding takes position 0 (harmless: no real token sees
+    it), as transformers' ``generate`` builds ``position_ids`` (``cumsum(mask) - 1``, then 0 where
+    the mask is 0; ``GenerationMixin._prepare_position_ids_for_generation``, 5.23).
+    """
+    positions = real.long().cumsum(dim=-1) - 1
+    return positions.masked_fill(~real, 0)[:, real.shape[1] - length:]
+
+
+def positions_and_mask(input_ids, cache: KVCache | None, vocab_size: int, max_positions: int,
+                       attention_mask: torch.Tensor | None = None):
+    """Check ``input_ids [B, L]`` and return the positions of its tokens and the attention mask.
 
     With a cache of ``P`` positions the new tokens take positions ``P .. P + L - 1`` and may see
     all ``P + L`` keys (``[1, L, P + L]``); one new token may see every key, so it needs no mask
     (None). A clear error when ``P + L`` exceeds the model's ``max_positions``.
+
+    With an ``attention_mask [B, P + L]`` (1 = real token, 0 = padding; see
+    ``check_attention_mask``) the positions are per row, ``[B, L]`` (``mask_positions``), and the
+    mask ``[B, L, P + L]`` also blocks every padded key; a padded query may then see no key at
+    all, and attention gives it zeros. Without one (None) every position is real: positions
+    ``[L]``, as above.
     """
     past = 0 if cache is None else cache.length
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and past + input_ids.shape[1] > max_positions:
@@ -41,9 +83,15 @@ def positions_and_mask(input_ids, cache: KVCache | None, vocab_size: int, max_po
                          f"or generate fewer tokens")
     check_input_ids(input_ids, vocab_size, max_positions)
     length = input_ids.shape[1]
-    positions = torch.arange(past, past + length, device=input_ids.device)
-    mask = None if (cache is not None and length == 1) else causal_mask(length, input_ids.device, past)
-    return positions, mask
+    if attention_mask is None:
+        positions = torch.arange(past, past + length, device=input_ids.device)
+        mask = None if (cache is not None and length == 1) else causal_mask(length, input_ids.device, past)
+        return positions, mask
+    real = check_attention_mask(attention_mask, input_ids, past).to(input_ids.device)  # [B, P + L]
+    mask = real.unsqueeze(1)  # [B, 1, P + L]: no query sees a padded key
+    if not (cache is not None and length == 1):
+        mask = mask & causal_mask(length, input_ids.device, past)  # [B, L, P + L]
+    return mask_positions(real, length), mask
 
 
 def activation(name: str) -> nn.Module:
@@ -85,8 +133,10 @@ class GPT(nn.Module):
     Initialised as GPT-2: every weight normal(0, 0.02), biases 0, LayerNorms 1 and 0, and the two
     residual output projections of each block scaled down to std 0.02/sqrt(2N) (N blocks).
 
-    ``forward(input_ids [B, L], cache=None)`` -> logits ``[B, L, vocab_size]``. With a cache
-    (``model.new_cache()``), ``input_ids`` holds only the positions that follow the cached ones.
+    ``forward(input_ids [B, L], cache=None, attention_mask=None)`` -> logits ``[B, L, vocab_size]``.
+    With a cache (``model.new_cache()``), ``input_ids`` holds only the positions that follow the
+    cached ones. ``attention_mask [B, P + L]`` (0 = padding, over the ``P`` cached positions and
+    the ``L`` new ones) runs a padded batch: see ``positions_and_mask``.
     """
 
     def __init__(self, config: GPTConfig):
@@ -135,8 +185,10 @@ class GPT(nn.Module):
     def new_cache(self, capacity: int | None = None) -> KVCache:
         return KVCache(len(self.blocks), capacity=capacity)
 
-    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        positions, mask = positions_and_mask(input_ids, cache, self.config.vocab_size, self.max_positions)
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        positions, mask = positions_and_mask(input_ids, cache, self.config.vocab_size, self.max_positions,
+                                             attention_mask)
         x = self.dropout(self.token_embeddings(input_ids) + self.position_embeddings(positions))
         for i, block in enumerate(self.blocks):
             x = block(x, mask, cache=None if cache is None else cache[i])

@@ -118,15 +118,17 @@ def rotary_frequencies(head_dim: int, theta: float = 10000.0, scaling: dict | No
 
 
 def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor):
-    """``cos``, ``sin`` of shape ``[L, head_dim]`` for the given positions ``[L]``.
+    """``cos``, ``sin`` of shape ``[L, head_dim]`` for the given positions ``[L]``; per row,
+    ``[B, L, head_dim]`` for positions ``[B, L]`` (a padded batch, whose rows start at different
+    columns: add a heads axis, ``cos.unsqueeze(1)``, before turning ``[B, H, L, head_dim]``).
 
     Number ``i`` of a head vector is paired with number ``i + head_dim/2`` (transformers' layout),
     so each angle appears twice: once for each half. The angles are computed in float32 whatever
     the dtype of ``inv_freq``, as transformers' ``LlamaRotaryEmbedding`` computes them: in a
     float64 model, angles computed in float64 moved the logits by about 3e-6 from theirs.
     """
-    angles = positions.float()[:, None] * inv_freq.float()[None, :]  # [L, head_dim / 2], in float32
-    angles = torch.cat([angles, angles], dim=-1)  # [L, head_dim]
+    angles = positions.float()[..., None] * inv_freq.float()  # [(B,) L, head_dim / 2], in float32
+    angles = torch.cat([angles, angles], dim=-1)  # [(B,) L, head_dim]
     return angles.cos(), angles.sin()
 
 
@@ -162,7 +164,8 @@ class GroupedQueryAttention(nn.Module):
     multi-query attention. Rotary embeddings turn the queries and keys (never the values). The
     cache holds ``H_kv`` heads: that is the memory grouped-query attention saves.
 
-    ``forward(x [B, L, hidden], cos, sin [L, head_dim], mask, cache)`` -> ``[B, L, hidden]``.
+    ``forward(x [B, L, hidden], cos, sin [L, head_dim] or [B, 1, L, head_dim], mask, cache)`` ->
+    ``[B, L, hidden]``.
     """
 
     def __init__(self, config: LlamaConfig):
@@ -221,7 +224,9 @@ class Llama(nn.Module):
     """Token embeddings (no position embeddings: the rotary angles carry position), N Llama
     blocks, a final RMSNorm and the output layer (``lm_head``, tied only if the config says so).
 
-    ``forward(input_ids [B, L], cache=None)`` -> logits ``[B, L, vocab_size]``.
+    ``forward(input_ids [B, L], cache=None, attention_mask=None)`` -> logits ``[B, L, vocab_size]``;
+    ``attention_mask [B, P + L]`` (0 = padding, over the ``P`` cached positions and the ``L``
+    new ones) runs a padded batch, each row with its own positions (``tfcore.gpt.positions_and_mask``).
     """
 
     def __init__(self, config: LlamaConfig):
@@ -244,9 +249,13 @@ class Llama(nn.Module):
     def new_cache(self, capacity: int | None = None) -> KVCache:
         return KVCache(len(self.layers), capacity=capacity)
 
-    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        positions, mask = positions_and_mask(input_ids, cache, self.config.vocab_size, self.max_positions)
-        cos, sin = rotary_cos_sin(positions, self.inv_freq)
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        positions, mask = positions_and_mask(input_ids, cache, self.config.vocab_size, self.max_positions,
+                                             attention_mask)
+        cos, sin = rotary_cos_sin(positions, self.inv_freq)  # [L, head_dim], or [B, L, head_dim] per row
+        if positions.dim() == 2:
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, L, head_dim]: the same for every head
         x = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, None if cache is None else cache[i])

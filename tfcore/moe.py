@@ -293,7 +293,8 @@ class MixtralConfig(LlamaConfig):
 
 class Mixtral(Llama):
     """``tfcore.Llama`` whose every feed-forward layer is a ``SparseMoeBlock`` with softmax gates.
-    ``forward(input_ids [B, L], cache=None)`` -> logits ``[B, L, vocab_size]``."""
+    ``forward(input_ids [B, L], cache=None, attention_mask=None)`` -> logits ``[B, L, vocab_size]``
+    (Llama's forward; padded tokens are routed too, and no real token sees them)."""
 
     def __init__(self, config: MixtralConfig):
         super().__init__(config)
