@@ -166,8 +166,8 @@ def test_how_to_run_names_the_chapters_that_read_the_clock():
 
 
 def test_a_stale_clock_sentence_is_found():
-    stale = "time nothing on your machine. Only chapter 22 reads the clock, and it prints"
-    assert "[21, 22] read the clock" in _clock_sentence_problem(stale, NOTEBOOKS)
+    stale = "time nothing on your machine. Only chapter 23 reads the clock, and it prints"
+    assert "[21, 23] read the clock" in _clock_sentence_problem(stale, NOTEBOOKS)
 
 
 # --- the model inventory (book/models.md) names every model class a chapter imports or names ------

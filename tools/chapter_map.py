@@ -37,14 +37,15 @@ PARTS = [  # (part, colour, [(number, short title, what you build)]), read left 
                                        (18, "Local and global", "windows, Gemma 3, sinks"),
                                        (19, "Latent attention", "DeepSeek-V3, absorption")]),
     ("Experts, fast decoding", "#f4cccc", [(20, "Mixture of experts", "Mixtral, DeepSeek, balancing"),
-                                            (21, "Decoding faster", "speculative decoding, int8")]),
-    ("From text to assistant", "#e6f0d0", [(22, "Tokenizer from scratch", "byte-level BPE, as tokenizers"),
-                                           (23, "From LM to assistant", "chat template, LoRA, DPO")]),
-    ("Appendix", "#eeeeee", [(24, "The model in Keras", "checked equal, model.fit")]),
+                                            (21, "Decoding faster", "speculative decoding, int8"),
+                                            (22, "The cost of a token", "roofline, batched decoding")]),
+    ("From text to assistant", "#e6f0d0", [(23, "Tokenizer from scratch", "byte-level BPE, as tokenizers"),
+                                           (24, "From LM to assistant", "chat template, LoRA, DPO")]),
+    ("Appendix", "#eeeeee", [(25, "The model in Keras", "checked equal, model.fit")]),
 ]
 COLUMNS = 4  # parts per row: two rows keep the text legible at the book's column width
-# The reading order: each chapter builds on the last (24 is an appendix).
-EDGES = [(n, n + 1) for n in range(1, 23)]
+# The reading order: each chapter builds on the last (25 is an appendix).
+EDGES = [(n, n + 1) for n in range(1, 24)]
 
 
 def main():
