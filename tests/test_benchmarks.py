@@ -145,7 +145,7 @@ def _class_without_docstring(source, name):
 def test_the_benchmark_times_chapter_13s_additive_attention():
     notebook = json.loads((ROOT / "notebooks" / "13_what_attention_costs.ipynb").read_text())
     [cell] = [c for c in notebook["cells"] if "".join(c["source"]).startswith("class AdditiveAttention")]
-    benchmark = (ROOT / "benchmarks" / "run.py").read_text()
+    benchmark = (ROOT / "benchmarks" / "attention.py").read_text()
     assert _class_without_docstring("".join(cell["source"]), "AdditiveAttention") == \
         _class_without_docstring(benchmark, "AdditiveAttention")
 
