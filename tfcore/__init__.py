@@ -24,6 +24,7 @@ keeps the version later chapters import, and a test keeps the two in agreement.
 - ``moe``: routers, gates and experts, Mixtral and DeepSeek-V3 with experts, load balancing (chapter 20)
 - ``speculative``: speculative decoding, greedy and sampled, with a draft model (chapter 21)
 - ``quantization``: per-channel symmetric int8 weights for linear layers (chapter 21)
+- ``cost``: FLOPs and bytes of each operation of a decoder, arithmetic intensity, the roofline (chapter 22)
 - ``bpe``: byte-level BPE from scratch, trained and applied as the ``tokenizers`` library does (chapter 23)
 - ``instruct``: chapter 14's GPT as shipped, a chat template, an instruction set, the answer-only loss (chapter 24)
 - ``lora``: low-rank adapters beside frozen linear layers, and merging them (chapter 24)
@@ -39,6 +40,8 @@ from .bpe import ByteLevelBPE, bytes_to_unicode
 from .cache import KVCache, LayerCache
 from .checkpoint import CheckpointError, is_embedded, load_config, load_pretrained, load_tokenizer
 from .claims import ClaimError, check
+from .cost import (arithmetic_intensity, counted_flops, decoder_ops, forward_cost, kaplan_flops,
+                   kv_cache_bytes_per_token, model_weight_bytes, parameter_counts, published_configs, roofline)
 from .decoder import (EncoderDecoder, TransformerDecoder, TransformerDecoderLayer, beam_search,
                       cross_attention_weights, greedy_decode, length_penalty, make_model, sequence_log_prob)
 from .dpo import dpo_loss, kl_from_reference, reference_logprobs, sequence_logprobs
@@ -169,4 +172,15 @@ __all__ = [
     "truncate_cache",
     "update_choice_bias",
     "wilson_interval",
+    # tfcore.cost (chapter 22)
+    "arithmetic_intensity",
+    "counted_flops",
+    "decoder_ops",
+    "forward_cost",
+    "kaplan_flops",
+    "kv_cache_bytes_per_token",
+    "model_weight_bytes",
+    "parameter_counts",
+    "published_configs",
+    "roofline",
 ]
