@@ -60,6 +60,40 @@ def small_gpt(vocab=20):
 
 
 @lru_cache(maxsize=None)
+def small_llama():
+    torch.manual_seed(0)
+    return llama.Llama(llama.LlamaConfig(vocab_size=20, max_position_embeddings=16, hidden_size=8,
+                                         num_hidden_layers=1, num_attention_heads=2, intermediate_size=8)).eval()
+
+
+class MasklessDecoder(torch.nn.Module):
+    """A decoder-only model whose forward takes no attention_mask: it can run one prompt, not a padded batch."""
+
+    max_positions = 16
+
+    def __init__(self):
+        super().__init__()
+        self.gpt = small_gpt()
+
+    def new_cache(self, capacity=None):
+        return self.gpt.new_cache(capacity)
+
+    def forward(self, input_ids, cache=None):
+        return self.gpt(input_ids, cache=cache)
+
+
+def cached_then(model, mask):
+    """Run IDS through a new cache, then one more token with ``mask`` (which should cover 3 + 1 positions)."""
+    cache = model.new_cache()
+    model(IDS, cache=cache)
+    return model(IDS[:, :1], cache=cache, attention_mask=mask)
+
+
+def long(*rows):
+    return torch.tensor(rows, dtype=torch.long)
+
+
+@lru_cache(maxsize=None)
 def small_encoder_decoder():
     torch.manual_seed(0)
     return decoder.make_model(10, 10, N=1, d_model=8, d_ff=16, h=2, verbose=False).eval()
@@ -572,11 +606,41 @@ OTHERS = [
          "max_position_embeddings"),
     case("generation-encoder-decoder", lambda: generation.generate(small_encoder_decoder(), IDS, 2), TypeError,
          "decoder-only"),
+    case("generation-mask-shape", lambda: generation.generate(small_gpt(), IDS, 2, attention_mask=long([1, 1])),
+         ValueError, "input_ids' shape"),
+    case("generation-mask-values", lambda: generation.generate(small_gpt(), IDS, 2, attention_mask=long([0, 1, 2])),
+         ValueError, "only 0"),
+    case("generation-mask-float", lambda: generation.generate(small_gpt(), IDS, 2, attention_mask=torch.ones(1, 3)),
+         TypeError, "attention_mask.long()"),
+    case("generation-mask-list", lambda: generation.generate(small_gpt(), IDS, 2, attention_mask=[[1, 1, 1]]),
+         TypeError, "torch.Tensor"),
+    case("generation-mask-right-padding", lambda: generation.generate(
+        small_gpt(), IDS.repeat(2, 1), 2, attention_mask=long([1, 1, 1], [1, 1, 0])), ValueError,
+        "row 1 of attention_mask has padding after a real token; generate continues each row from its last "
+        "column, so pad on the left: tokenizer.padding_side = 'left'"),
+    case("generation-mask-padding-inside", lambda: generation.generate(
+        small_gpt(), IDS, 2, attention_mask=long([1, 0, 1])), ValueError, "padding_side = 'left'"),
+    case("generation-mask-all-padding", lambda: generation.generate(
+        small_gpt(), IDS.repeat(2, 1), 2, attention_mask=long([0, 1, 1], [0, 0, 0])), ValueError,
+        "row 1 of attention_mask is all padding"),
+    case("generation-mask-model-without", lambda: generation.generate(
+        MasklessDecoder(), IDS, 2, attention_mask=long([1, 1, 1])), TypeError, "takes no attention_mask"),
+    # the cache holds the padding too: the padded length counts against max_position_embeddings
+    case("generation-mask-past-max", lambda: generation.generate(
+        small_gpt(), torch.zeros(1, 10, dtype=torch.long), 7, attention_mask=long([0] * 8 + [1, 1])),
+        ValueError, "max_position_embeddings"),
     # gpt
     case("gpt-activation", lambda: gpt.activation("foo"), ValueError, "unknown activation"),
     case("gpt-not-divisible", lambda: gpt.GPT(gpt.GPTConfig(vocab_size=20, max_position_embeddings=16,
                                                             hidden_size=8, num_hidden_layers=1,
                                                             num_attention_heads=3)), ValueError, "not divisible"),
+    case("gpt-mask-shape", lambda: small_gpt()(IDS, attention_mask=long([1, 1])), ValueError,
+         "attention_mask must be [B, cached + new positions] = [1, 3]"),
+    case("gpt-mask-misses-the-cache", lambda: cached_then(small_gpt(), long([1])), ValueError,
+         "(3 cached, 1 new)"),
+    case("gpt-mask-values", lambda: small_gpt()(IDS, attention_mask=long([1, 2, 1])), ValueError, "only 0"),
+    case("gpt-mask-float", lambda: small_gpt()(IDS, attention_mask=torch.ones(1, 3)), TypeError, "integers or bools"),
+    case("gpt-mask-not-tensor", lambda: small_gpt()(IDS, attention_mask=[[1, 1, 1]]), TypeError, "torch.Tensor"),
     # heads
     case("heads-float-ids", lambda: heads.TransformerForSequenceClassification(bert_config())(IDS.float()),
          TypeError, "integer token ids"),
@@ -596,6 +660,9 @@ OTHERS = [
     case("layers-wrong-width", lambda: layers.TransformerEncoderLayer(bert_config())(t(1, 3, 6)), ValueError,
          "hidden_size"),
     # llama
+    case("llama-mask-misses-the-cache", lambda: cached_then(small_llama(), long([1, 1, 1])), ValueError,
+         "[1, 4] (3 cached, 1 new)"),
+    case("llama-mask-values", lambda: small_llama()(IDS, attention_mask=long([1, -1, 1])), ValueError, "only 0"),
     case("llama-kv-heads", lambda: llama.Llama(llama.LlamaConfig(
         vocab_size=20, max_position_embeddings=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=3, intermediate_size=16)), ValueError, "not divisible"),
@@ -733,6 +800,16 @@ def test_other_modules_accept():
     assert loss.item() < 0.7 and chosen.shape == (2,)
     assert encoder.sinusoidal_positions(4, 8).shape == (4, 8)
     assert generation.generate(small_gpt(), IDS, 2).shape == (1, 5)
+    # a padded batch: bool or integer masks, one-token prompts, the padding kept on the left
+    padded = generation.generate(small_gpt(), IDS.repeat(2, 1), 2, attention_mask=long([1, 1, 1], [0, 0, 1]))
+    assert padded.shape == (2, 5) and torch.equal(padded[:, :3], IDS.repeat(2, 1))
+    assert torch.equal(generation.generate(small_gpt(), IDS.repeat(2, 1), 2,
+                                           attention_mask=long([1, 1, 1], [0, 0, 1]).bool()), padded)
+    assert torch.equal(generation.generate(small_llama(), IDS, 2, attention_mask=long([1, 1, 1])),
+                       generation.generate(small_llama(), IDS, 2))
+    assert generation.generate(MasklessDecoder(), IDS, 2).shape == (1, 5)  # no mask: as before
+    assert cached_then(small_gpt(), long([1, 1, 1, 1])).shape == (1, 1, 20)
+    assert torch.isfinite(small_llama()(IDS, attention_mask=long([0, 0, 0]))).all()  # forward allows it
     assert heads.TransformerForSequenceClassification(bert_config())(IDS).shape[-1] == 2
     assert layers.FeedForward(bert_config())(t(1, 3, 8)).shape == (1, 3, 8)  # hidden_act "gelu"
     assert isinstance(small_gpt().blocks[0].feed_forward.gelu, torch.nn.GELU)  # GPT-2's tanh GELU swapped in
