@@ -17,6 +17,11 @@ What changes from Llama (chapter 16), as ``transformers``' ``Gemma3ForCausalLM``
 
 Every module carries ``transformers``' name (without the ``model.`` prefix), so the state dict
 loads key for key. Shapes: ``input_ids [B, L]`` -> logits ``[B, L, vocab_size]``.
+
+A batch of prompts of different lengths, padded on the left, runs with an ``attention_mask [B, T]``
+(1 = real token, 0 = padding; ``T`` counts the cached columns and the new ones): each row takes its
+own rotary positions from the mask, no query sees a padded key, and the window counts *columns*,
+padding included, as transformers 5.23 measures it (``key_mask``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from torch import nn
 
 from .attention import _whole
 from .encoder import check_input_ids
+from .gpt import check_attention_mask, mask_positions
 from .llama import RMSNorm, SwiGLU, apply_rotary, init_weights_, rotary_cos_sin, rotary_frequencies
 from .sliding import RollingKVCache, position_mask
 
@@ -109,6 +115,30 @@ def _positive(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
 
 
+def key_mask(query_columns: torch.Tensor, key_columns: torch.Tensor, window: int | None,
+             real: torch.Tensor | None = None) -> torch.Tensor:
+    """Which keys each query may see, True = may attend: ``[1, Lq, Lk]``, or ``[B, Lq, Lk]`` with ``real``.
+
+    ``query_columns [Lq]`` and ``key_columns [Lk]`` are columns of the (padded) batch, as the ring
+    buffer stores them. Causal and, with a ``window``, the last ``window`` columns
+    (``sliding.position_mask``): transformers 5.23 measures the window in columns, padding
+    included (``masking_utils.sliding_window_overlay`` compares ``q_idx`` and ``kv_idx``, not the
+    ``position_ids``; a mask with a gap inside a row tells the two apart, tests/test_batched_decoding.py).
+    ``real [B, T]`` (bool, True = real token, ``T`` > every key column) blocks every padded key.
+    """
+    mask = position_mask(query_columns, key_columns, window)  # [1, Lq, Lk]
+    if real is not None:
+        mask = mask & real[:, key_columns].unsqueeze(1)  # [B, Lq, Lk]: no query sees a padded key
+    return mask
+
+
+def zero_empty_rows(weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``weights [B, H, Lq, Lk]`` with zeros in each row whose ``mask`` row (``[1|B, Lq, Lk]``,
+    True = may attend) allows no key: the softmax of a row of -inf is NaN, and a NaN would reach
+    the real tokens through the next layer's values (0 x NaN = NaN)."""
+    return weights.masked_fill(~mask.any(dim=-1, keepdim=True).unsqueeze(1), 0.0)
+
+
 def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
     """``cap * tanh(x / cap)``: squashes ``x`` into ``(-cap, cap)``; no change when ``cap`` is None.
     ``cap`` is a finite number > 0 (a cap of 0 would give NaN)."""
@@ -122,10 +152,13 @@ def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
 class GemmaAttention(nn.Module):
     """Grouped-query attention with QK-norm, Gemma's score scale and optional soft-capping.
 
-    ``forward(x [B, L, hidden], cos, sin [L, head_dim], positions [L], cache, index)`` ->
-    ``[B, L, hidden]``. The mask ``[1, L, L_keys]`` is built inside from the query and key positions
-    (``sliding.position_mask``, with this layer's window); with a ``RollingKVCache``, ``index`` names
-    this layer's cache. ``max_logit`` keeps the largest allowed score of the last call (chapter 18).
+    ``forward(x [B, L, hidden], cos, sin [L, head_dim] or [B, 1, L, head_dim], positions [L], cache,
+    index, real)`` -> ``[B, L, hidden]``. ``positions`` are the new tokens' columns (their
+    positions when nothing is padded). The mask ``[1, L, L_keys]`` is built inside from the query
+    and key columns (``key_mask``, with this layer's window); with a ``RollingKVCache``, ``index``
+    names this layer's cache. ``real [B, T]`` (bool, 0 = padding, over the cached and new columns)
+    blocks the padded keys; a padded query that sees no key gets zeros. ``max_logit`` keeps the
+    largest allowed score of the last call (chapter 18).
     """
 
     def __init__(self, config: GemmaConfig, layer: int):
@@ -144,7 +177,8 @@ class GemmaAttention(nn.Module):
         self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
         self.max_logit = None
 
-    def forward(self, x, cos, sin, positions, cache: RollingKVCache | None = None, index: int = 0):
+    def forward(self, x, cos, sin, positions, cache: RollingKVCache | None = None, index: int = 0,
+                real: torch.Tensor | None = None):
         batch, length, _ = x.shape
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -154,14 +188,17 @@ class GemmaAttention(nn.Module):
         key_positions = positions
         if cache is not None:
             k, v, key_positions = cache.append(index, k, v, positions)
-        mask = position_mask(positions, key_positions, self.window)  # [1, L, L_keys]
+        mask = key_mask(positions, key_positions, self.window, real)  # [1 or B, L, L_keys]
         group = self.num_heads // self.num_kv_heads
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         scores = softcap((q * self.scaling) @ k.transpose(-2, -1), self.softcap)  # [B, H, L, L_keys]
-        scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))  # the diagonal is always allowed: no empty row
+        scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))  # without padding the diagonal is allowed
         self.max_logit = scores.detach().amax()  # the largest score seen in this call (chapter 18 plots it)
-        context = scores.softmax(dim=-1) @ v
+        weights = scores.softmax(dim=-1)
+        if real is not None:  # a padded query may see no key at all
+            weights = zero_empty_rows(weights, mask)
+        context = weights @ v
         return self.o_proj(context.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
 
 
@@ -179,8 +216,9 @@ class GemmaDecoderLayer(nn.Module):
                                           mlp_bias=False, hidden_act=config.hidden_activation))
         self.post_feedforward_layernorm = GemmaRMSNorm(hidden, eps)
 
-    def forward(self, x, cos, sin, positions, cache=None, index=0):
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, positions, cache, index))
+    def forward(self, x, cos, sin, positions, cache=None, index=0, real=None):
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, positions, cache,
+                                                             index, real))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
@@ -188,8 +226,12 @@ class Gemma(nn.Module):
     """Scaled token embeddings, N Gemma blocks (local and global as ``layer_types`` says), a final
     RMSNorm and the output layer, tied to the embeddings when the config says so.
 
-    ``forward(input_ids [B, L], cache=None)`` -> logits ``[B, L, vocab_size]``. With a cache
-    (``model.new_cache()``, a ``RollingKVCache``), ``input_ids`` holds the positions that follow.
+    ``forward(input_ids [B, L], cache=None, attention_mask=None)`` -> logits ``[B, L, vocab_size]``.
+    With a cache (``model.new_cache()``, a ``RollingKVCache``), ``input_ids`` holds the positions
+    that follow. ``attention_mask [B, P + L]`` (1 = real token, 0 = padding, over the ``P`` cached
+    columns and the ``L`` new ones; transformers' convention) runs a padded batch: rotary
+    positions per row (``tfcore.gpt.mask_positions``), padded keys blocked (``key_mask``). A cache
+    filled with padding needs the mask at every later call.
     """
 
     def __init__(self, config: GemmaConfig):
@@ -218,7 +260,8 @@ class Gemma(nn.Module):
         ``forward`` takes any ``RollingKVCache`` whose every layer keeps at least that layer's window."""
         return RollingKVCache([self.config.window(i) for i in range(len(self.layers))], capacity)
 
-    def forward(self, input_ids: torch.Tensor, cache: RollingKVCache | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: RollingKVCache | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         if cache is not None:
             # a layer's cache may keep more than its window (None keeps every position: the mask is
             # built from positions), never less: a ring smaller than the window forgets keys it needs
@@ -236,14 +279,25 @@ class Gemma(nn.Module):
                              f"{self.max_positions} positions (max_position_embeddings); use a shorter "
                              f"prompt or generate fewer tokens")
         check_input_ids(input_ids, self.config.vocab_size, self.max_positions)
-        positions = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)
+        columns = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)  # what the ring stores
+        real, positions = None, columns  # nothing padded: a token's position is its column
+        if attention_mask is not None:
+            real = check_attention_mask(attention_mask, input_ids, past).to(input_ids.device)  # [B, P + L]
+            positions = mask_positions(real, input_ids.shape[1])  # [B, L]: each row counts its real tokens
+        elif getattr(cache, "padded", False):
+            raise ValueError("this cache holds padded columns, but attention_mask is None: pass the mask over "
+                             "the cached and new columns, [B, P + L], extended with a 1 per new token, as "
+                             "tfcore.generate does")
         rotary = {SLIDING: rotary_cos_sin(positions, self.local_inv_freq),
                   FULL: rotary_cos_sin(positions, self.global_inv_freq)}
+        if positions.dim() == 2:  # [B, L, head_dim] -> [B, 1, L, head_dim]: the same angles for every head
+            rotary = {kind: (cos.unsqueeze(1), sin.unsqueeze(1)) for kind, (cos, sin) in rotary.items()}
         x = self.embed_tokens(input_ids) * torch.tensor(self.embed_scale, dtype=self.embed_tokens.weight.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, *rotary[self.config.layer_types[i]], positions, cache, i)
+            x = layer(x, *rotary[self.config.layer_types[i]], columns, cache, i, real)
         if cache is not None:
             cache.length += input_ids.shape[1]
+            cache.padded = getattr(cache, "padded", False) or (real is not None and not bool(real.all()))
         return softcap(self.lm_head(self.norm(x)), self.config.final_logit_softcapping)
 
     @classmethod

@@ -20,6 +20,10 @@ softmax scale by ``mscale**2``). Every other option is covered, checked in float
 Shapes: ``B`` batch, ``L`` new positions, ``S`` all positions (cached and new), ``H`` heads,
 ``r = kv_lora_rank``; queries ``[B, H, L, qk_nope_head_dim + qk_rope_head_dim]``, latents
 ``[B, S, r]``, rotary keys ``[B, S, qk_rope_head_dim]``.
+
+A batch of prompts of different lengths, padded on the left, runs with an ``attention_mask [B, S]``
+(1 = real token, 0 = padding): the cache keeps the padded latents as they are, the mask blocks them
+at every step, and each row takes its rotary positions from the mask (``tfcore.gpt.positions_and_mask``).
 """
 
 from __future__ import annotations
@@ -161,11 +165,13 @@ class LatentLayerCache:
 
 
 class LatentCache:
-    """One ``LatentLayerCache`` per layer (``cache[i]``)."""
+    """One ``LatentLayerCache`` per layer (``cache[i]``). ``padded`` records that a padded position
+    was cached, so that ``DeepseekV3`` refuses a later call without the ``attention_mask`` that marks it."""
 
     def __init__(self, num_layers: int, capacity: int | None = None):
         _whole("num_layers", num_layers, 1)
         self.layers = [LatentLayerCache(capacity) for _ in range(num_layers)]
+        self.padded = False  # whether a padded position is held (set by the model)
 
     def __getitem__(self, index: int) -> LatentLayerCache:
         return self.layers[index]
@@ -222,8 +228,9 @@ def attend(q, k, v, scale: float, mask=None):
 
 
 class MultiHeadLatentAttention(nn.Module):
-    """DeepSeek's attention. ``forward(x [B, L, hidden], cos, sin [L, rope], mask, cache, absorbed)``
-    -> ``[B, L, hidden]``.
+    """DeepSeek's attention. ``forward(x [B, L, hidden], cos, sin [L, rope] or per row [B, L, rope],
+    mask, cache, absorbed)`` -> ``[B, L, hidden]``. ``mask`` (True = may attend) broadcasts to
+    ``[B, L, S]``; a query whose keys are all masked gets zeros (``attend``).
 
     - queries: ``q_b_proj(RMSNorm(q_a_proj(x)))`` (or ``q_proj(x)``), ``H`` heads of ``nope + rope``;
     - ``kv_a_proj_with_mqa(x)`` gives the latent (``r`` numbers, then RMSNorm) and the rotary key
@@ -288,7 +295,8 @@ class MultiHeadLatentAttention(nn.Module):
         batch, length, _ = x.shape
         q_nope, q_rope = self.queries(x)
         latent, k_rope = self.compress(x)
-        q_rope, k_rope = self.rotate(q_rope, cos, sin), self.rotate(k_rope, cos, sin)
+        q_cos, q_sin = (cos.unsqueeze(1), sin.unsqueeze(1)) if cos.dim() == 3 else (cos, sin)  # per row: a heads axis
+        q_rope, k_rope = self.rotate(q_rope, q_cos, q_sin), self.rotate(k_rope, cos, sin)
         if cache is not None:
             latent, k_rope = cache.append(latent, k_rope)  # [B, S, r], [B, S, rope]
         if absorbed:
@@ -320,9 +328,11 @@ class DeepseekV3DecoderLayer(nn.Module):
 class DeepseekV3(nn.Module):
     """Llama's stack (chapter 16) with multi-head latent attention in every block.
 
-    ``forward(input_ids [B, L], cache=None, absorbed=None)`` -> logits ``[B, L, vocab_size]``;
-    ``absorbed=None`` uses the attribute ``model.absorbed`` (False until set), so that
-    ``tfcore.generate`` can run either form.
+    ``forward(input_ids [B, L], cache=None, absorbed=None, attention_mask=None)`` -> logits
+    ``[B, L, vocab_size]``; ``absorbed=None`` uses the attribute ``model.absorbed`` (False until
+    set), so that ``tfcore.generate`` can run either form. ``attention_mask [B, P + L]`` (1 = real
+    token, 0 = padding, over the ``P`` cached positions and the ``L`` new ones; transformers'
+    convention) runs a padded batch; a cache holding padding needs the mask at every later call.
     """
 
     def __init__(self, config: DeepseekV3Config):
@@ -346,18 +356,26 @@ class DeepseekV3(nn.Module):
     def new_cache(self, capacity: int | None = None) -> LatentCache:
         return LatentCache(len(self.layers), capacity=capacity)
 
-    def forward(self, input_ids: torch.Tensor, cache: LatentCache | None = None, absorbed: bool | None = None):
+    def forward(self, input_ids: torch.Tensor, cache: LatentCache | None = None, absorbed: bool | None = None,
+                attention_mask: torch.Tensor | None = None):
         absorbed = self.absorbed if absorbed is None else absorbed
         layers = getattr(cache, "layers", None)
         if cache is not None and (not isinstance(layers, list) or len(layers) != len(self.layers)):
             got = f"a cache of {len(layers)} layers" if isinstance(layers, list) else type(cache).__name__
             raise ValueError(f"cache must hold one layer per block ({len(self.layers)}), got {got}; make "
                              f"it with model.new_cache()")
-        positions, mask = positions_and_mask(input_ids, cache, self.config.vocab_size, self.max_positions)
-        cos, sin = rotary_cos_sin(positions, self.inv_freq)  # [L, rope]
+        if attention_mask is None and getattr(cache, "padded", False):
+            raise ValueError("this cache holds padded positions, but attention_mask is None: pass the mask over "
+                             "the cached and new positions, [B, P + L], extended with a 1 per new token, as "
+                             "tfcore.generate does")
+        positions, mask = positions_and_mask(input_ids, cache, self.config.vocab_size, self.max_positions,
+                                             attention_mask)
+        cos, sin = rotary_cos_sin(positions, self.inv_freq)  # [L, rope], or [B, L, rope] per row
         x = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, None if cache is None else cache[i], absorbed)
+        if cache is not None and attention_mask is not None and not bool(attention_mask.bool().all()):
+            cache.padded = True
         return self.lm_head(self.norm(x))
 
     @classmethod

@@ -154,7 +154,9 @@ class RollingKVCache:
     ``append(i, keys, values, positions)`` returns layer ``i``'s keys, values and key positions.
     ``length`` counts the positions seen (the position the next token takes); the model advances it
     after each call, once all its layers have appended. ``capacity`` is handed to the global
-    layers' ``LayerCache`` (``tfcore.generate`` passes the final length).
+    layers' ``LayerCache`` (``tfcore.generate`` passes the final length). In a padded batch the
+    positions are columns, padding included; ``padded`` records that a padded column was written,
+    so that ``tfcore.Gemma`` refuses a later call without the ``attention_mask`` that marks it.
     """
 
     def __init__(self, windows: list[int | None], capacity: int | None = None):
@@ -169,6 +171,7 @@ class RollingKVCache:
         self.windows = windows
         self.layers = [LayerCache(capacity) if w is None else RingBuffer(w) for w in self.windows]
         self.length = 0  # positions seen: the position the next token takes
+        self.padded = False  # whether a padded column is held (set by the model)
 
     def __getitem__(self, index: int):
         return self.layers[index]
