@@ -5,18 +5,21 @@ seeded sampling, float32 and float64, with and without the cache), and against e
 decoded alone; each check is shown to fail on a planted bug at the end of its section.
 
 The helpers at the top (``left_padded``, ``reference_generate``, ``decoded_alone``,
-``greedy_margin``) serve every decoder of tfcore; a new decoder adds its own section below.
+``greedy_margin``, ``logit_gap_to_alone``, ``cached_gap``) serve every decoder of tfcore; a new
+decoder adds its own section below.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
 import transformers
 
 import tfcore
+from tfcore import attention as tfcore_attention
 from tfcore import gpt as tfcore_gpt
 from tfcore import llama as tfcore_llama
 
@@ -84,12 +87,25 @@ def logit_gap_to_alone(model, out, mask) -> float:
                for i, real in enumerate(full_mask))
 
 
+@torch.no_grad()
+def cached_gap(model, out, mask) -> float:
+    """The largest gap between the logits of a cached run (prompt, then one token a step, the mask
+    grown each step) and one full forward over ``out`` with the whole mask."""
+    full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], out.shape[1] - mask.shape[1])], dim=1)
+    cache, width = model.new_cache(), mask.shape[1]
+    steps = [model(out[:, :width], cache=cache, attention_mask=full_mask[:, :width])]
+    steps += [model(out[:, i:i + 1], cache=cache, attention_mask=full_mask[:, :i + 1])
+              for i in range(width, out.shape[1])]
+    return float((torch.cat(steps, dim=1) - model(out, attention_mask=full_mask)).abs().max())
+
+
 # --- GPT, Llama, Mixtral ----------------------------------------------------------------------------
 
 # Every option off its default (tests/test_modern_decoder.py), every parameter random. The Llama and
-# the Mixtral keep transformers' default untied output layer: tied, these small random models repeat
-# one token in some rows (Llama: 1 to 5 distinct tokens in 12 on seeds 0-5; Mixtral: 1), which would
-# blunt the checks.
+# the Mixtral keep transformers' default untied output layer: tied, these small random models fall
+# into repeating a token (the fewest distinct tokens among a row's 12 new ones: Llama, seeds 0-5,
+# 1 on five seeds and 2 on the sixth; this Mixtral 1 in float32, 2 in float64), which would blunt
+# the checks; untied, every row here has 3 or more.
 LLAMA_BATCHED = {**LLAMA_OFF_DEFAULT, "tie_word_embeddings": False}
 
 
@@ -160,13 +176,15 @@ def test_each_row_equals_its_prompt_decoded_alone(kind, dtype):
     """Padding changes nothing a real token computes, up to rounding: the batch runs products of other
     shapes (padded rows, masked keys) than each row alone. Float64: logits within 1e-12 of the rows
     run alone (about 2e-15 measured), and the same tokens. Float32: logits within 1e-5 (about 2e-6
-    measured), and the same tokens, which follows from the bound here: every step's best logit leads
-    the second by more than twice it (3.5e-4 at least, measured), which the test checks too."""
+    measured, and about 3e-6 between the cached and the full batched run), and the same tokens; only a
+    near-tie could swap a token at such gaps, and every step's best logit leads the second by more
+    than 2e-5 (3.5e-4 at least, measured), which the test checks too."""
     _, ours, ids, mask = pair(kind, dtype)
     batched = tfcore.generate(ours, ids, NEW, attention_mask=mask)
     bound = 1e-12 if dtype == torch.float64 else 1e-5
     assert logit_gap_to_alone(ours, batched, mask) < bound
     if dtype == torch.float32:
+        assert cached_gap(ours, batched, mask) < bound
         assert greedy_margin(ours, batched, mask) > 2 * bound
     assert torch.equal(batched, decoded_alone(ours, ids, mask))
 
@@ -185,7 +203,7 @@ def test_padded_forward_is_finite_and_the_cache_changes_nothing(kind):
         empty = full_mask.clone()
         empty[1] = 0  # a row of padding only: allowed in forward (generate refuses it)
         assert torch.isfinite(ours(out, attention_mask=empty)).all()
-    assert _cached_gap(ours, out, mask) < 1e-12
+    assert cached_gap(ours, out, mask) < 1e-12
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -234,18 +252,6 @@ def _plant(monkeypatch, bug):
         monkeypatch.setattr(tfcore_llama, "positions_and_mask", bug)
 
 
-@torch.no_grad()
-def _cached_gap(model, out, mask) -> float:
-    """The largest gap between the logits of a cached run (prompt, then one token a step, the mask
-    grown each step) and one full forward over ``out`` with the whole mask."""
-    full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], out.shape[1] - mask.shape[1])], dim=1)
-    cache, width = model.new_cache(), mask.shape[1]
-    steps = [model(out[:, :width], cache=cache, attention_mask=full_mask[:, :width])]
-    steps += [model(out[:, i:i + 1], cache=cache, attention_mask=full_mask[:, :i + 1])
-              for i in range(width, out.shape[1])]
-    return float((torch.cat(steps, dim=1) - model(out, attention_mask=full_mask)).abs().max())
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("bug", [_positions_from_the_new_columns_only, _cached_steps_see_padding,
                                  _causal_mask_only], ids=lambda bug: bug.__name__.strip("_"))
@@ -262,7 +268,7 @@ def test_planted_mask_bugs_break_the_checks(kind, bug, monkeypatch):
         assert logit_gap_to_alone(ours, expected, mask) > 1e-3
     else:  # a bug of the cached steps only: without a cache every step is one whole forward
         assert torch.equal(uncached, expected)
-        assert _cached_gap(ours, expected, mask) > 1e-3
+        assert cached_gap(ours, expected, mask) > 1e-3
 
 
 def test_positions_from_the_padded_columns_show_in_gpt_only(monkeypatch):
@@ -282,3 +288,30 @@ def test_positions_from_the_padded_columns_show_in_gpt_only(monkeypatch):
         assert torch.equal(got, expected[kind]) == (kind != "gpt2"), kind
         if kind != "gpt2":
             assert logit_gap_to_alone(ours, got, mask) < 1e-4
+
+
+def _textbook_attention(query, key, value, mask=None, dropout=None, need_weights=True):
+    """Bug: blocked scores set to -inf before the softmax, and nothing more: a query whose keys are
+    all blocked (a padded one) gets 0/0 = NaN weights."""
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
+    if mask is not None:
+        mask = mask.unsqueeze(1) if scores.dim() == 4 and mask.dim() == 3 else mask
+        scores = scores.masked_fill(~mask.bool(), float("-inf"))
+    weights = scores.softmax(dim=-1)
+    return weights @ value, weights if need_weights else None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_planted_nan_for_a_padded_query_breaks_the_finite_check(kind, monkeypatch):
+    """A padded query's NaN does not stay at its position: the next layer's real queries give its key
+    weight 0, and 0 x NaN is NaN, so every logit of a padded row's real tokens is lost (2 layers or more)."""
+    _, ours, ids, mask = pair(kind, torch.float64)
+    out = tfcore.generate(ours, ids, NEW, attention_mask=mask)
+    full_mask = torch.cat([mask, torch.ones(len(ids), NEW, dtype=torch.long)], dim=1)
+    monkeypatch.setattr(tfcore_attention, "scaled_dot_product_attention", _textbook_attention)
+    monkeypatch.setattr(tfcore_llama, "scaled_dot_product_attention", _textbook_attention)
+    with torch.no_grad():
+        assert torch.isfinite(ours(out)).all()  # no padding, no blocked row: the bug hides
+        logits = ours(out, attention_mask=full_mask)
+    assert torch.isnan(logits[1:][full_mask[1:].bool()]).all()  # rows 1-3 are padded
+    assert torch.isfinite(logits[0]).all()  # the unpadded row keeps its own
