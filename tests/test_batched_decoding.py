@@ -315,3 +315,283 @@ def test_planted_nan_for_a_padded_query_breaks_the_finite_check(kind, monkeypatc
         logits = ours(out, attention_mask=full_mask)
     assert torch.isnan(logits[1:][full_mask[1:].bool()]).all()  # rows 1-3 are padded
     assert torch.isfinite(logits[0]).all()  # the unpadded row keeps its own
+
+
+# ==================================================================================================
+# Gemma 3 and DeepSeek-V3 (helper H3): tfcore.Gemma with its rolling cache (chapter 18), tfcore.DeepseekV3
+# with its latent cache, expanded and absorbed (chapter 19), and DeepseekV3WithExperts (chapter 20).
+# The references are the float64 port tests' configurations (tests/test_gemma.py, tests/test_mla.py,
+# tests/test_moe.py), every option off its default and every parameter random, drawn in float64;
+# float32 is the same model rounded. Gemma's window (3) is far shorter than the 11 + 12 columns, so
+# the rings wrap.
+# ==================================================================================================
+
+import test_gemma
+import test_mla
+from tfcore import gemma as tfcore_gemma
+from tfcore import mla as tfcore_mla
+
+
+def gemma3(dtype):
+    """tests/test_gemma.py's float64 reference with embeddings N(0, 0.3²): at its N(0, 1/40) two rows of
+    this batch fall into repeating tokens (3 and 2 distinct tokens among 12, measured)."""
+    model = test_gemma.float64_reference()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0, 0.3)
+    return model.to(dtype)
+
+
+def _doubled(model):
+    """Every matrix times 2: greedy rows of these small references otherwise repeat tokens (distinct
+    tokens among a row's 12, measured on this batch: DeepSeek 1, 1, 2, 1; with experts 4, 7, 7, 1)."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.mul_(2.0)
+    return model
+
+
+def deepseek_v3(dtype):
+    """tests/test_mla.py's float64 reference (dense, 3 layers, rope_interleave=False, GELU, biases, tied)."""
+    return _doubled(test_mla.float64_reference()).to(dtype)
+
+
+def deepseek_v3_experts(dtype):
+    """A DeepSeek-V3 with experts as tests/test_moe.py's float64 check builds it (every expert option
+    off its default, rms_norm_eps at its default as there; ``widen`` draws every parameter, the
+    choice biases too), smaller; transformers' eager experts (its grouped product takes no float64)."""
+    torch.manual_seed(7)
+    config = transformers.DeepseekV3Config(
+        vocab_size=61, max_position_embeddings=48, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16,
+        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, first_k_dense_replace=1, n_routed_experts=8,
+        num_experts_per_tok=3, n_shared_experts=2, n_group=4, topk_group=2, routed_scaling_factor=1.7,
+        attention_bias=True, rope_interleave=False, hidden_act="gelu", norm_topk_prob=False,
+        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 700.0},
+        experts_implementation="eager", bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return _doubled(widen(transformers.DeepseekV3ForCausalLM(config).double().eval())).to(dtype)
+
+
+H3_KINDS = {  # name -> (reference builder(dtype), port); vocabulary 61 for all three
+    "gemma3": (gemma3, tfcore.Gemma.from_transformers),
+    "deepseek_v3": (deepseek_v3, tfcore.DeepseekV3.from_transformers),
+    "deepseek_v3_experts": (deepseek_v3_experts, tfcore.DeepseekV3WithExperts.from_transformers),
+}
+_correct_key_mask = tfcore_gemma.key_mask
+
+
+@functools.lru_cache(maxsize=None)
+def h3_reference(kind: str, dtype: torch.dtype):
+    return H3_KINDS[kind][0](dtype)
+
+
+def h3_pair(kind: str, dtype: torch.dtype):
+    """The reference (built once), a fresh port of it (tests set its ``absorbed``) and H2's padded batch."""
+    reference = h3_reference(kind, dtype)
+    return (reference, H3_KINDS[kind][1](reference), *left_padded(61))
+
+
+def forms(model):
+    """Set each form of the model in turn and yield it: DeepSeek's attention expanded, then absorbed
+    (``generate`` reads ``model.absorbed``); Gemma's one form."""
+    if not isinstance(model, tfcore.DeepseekV3):
+        yield "Gemma"
+        return
+    for absorbed in (False, True):
+        model.absorbed = absorbed
+        yield absorbed
+
+
+@torch.no_grad()
+def gap_to_transformers(reference, ours, out, mask) -> float:
+    """The largest gap between our logits and transformers' at the real tokens of ``out [B, L + n]``
+    (prompt mask ``[B, L]``): one forward over the whole sequences, and the cached run (the prompt,
+    then one column a step). transformers gets the position_ids its generate builds."""
+    full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], out.shape[1] - mask.shape[1])], dim=1)
+    real, width = full_mask.bool(), mask.shape[1]
+    theirs = reference(out, attention_mask=full_mask, position_ids=_correct_mask_positions(real, out.shape[1])).logits
+    cache = ours.new_cache()
+    steps = [ours(out[:, :width], cache=cache, attention_mask=full_mask[:, :width])]
+    steps += [ours(out[:, i:i + 1], cache=cache, attention_mask=full_mask[:, :i + 1]) for i in range(width, out.shape[1])]
+    return max(float((logits - theirs)[real].abs().max())
+               for logits in (ours(out, attention_mask=full_mask), torch.cat(steps, dim=1)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", H3_KINDS)
+def test_gemma_and_deepseek_batched_greedy_equal_transformers_generate(kind, dtype):
+    reference, ours, ids, mask = h3_pair(kind, dtype)
+    expected = reference_generate(reference, ids, mask)
+    assert min(len(set(row.tolist())) for row in expected[:, ids.shape[1]:]) >= 5  # varied: a test with teeth
+    for _ in forms(ours):
+        for use_cache in (True, False):
+            assert torch.equal(tfcore.generate(ours, ids, NEW, use_cache=use_cache, attention_mask=mask), expected)
+    if dtype == torch.float64:  # and the logits behind the tokens (0 measured)
+        for _ in forms(ours):
+            assert gap_to_transformers(reference, ours, expected, mask) < 1e-10
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", H3_KINDS)
+def test_gemma_and_deepseek_batched_sampling_equals_transformers_generate_under_the_same_seed(kind, dtype):
+    """As for GPT, Llama and Mixtral above: the same float32 draw from the same global generator."""
+    reference, ours, ids, mask = h3_pair(kind, dtype)
+    sampling = dict(temperature=0.7, top_k=20, top_p=0.9)  # transformers' defaults: 1.0, 50, 1.0
+    torch.manual_seed(0)
+    expected = reference_generate(reference, ids, mask, **sampling)
+    assert not torch.equal(expected, reference_generate(reference, ids, mask))  # it sampled: not greedy
+    for _ in forms(ours):
+        torch.manual_seed(0)
+        assert torch.equal(tfcore.generate(ours, ids, NEW, attention_mask=mask, **sampling), expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", H3_KINDS)
+def test_gemma_and_deepseek_rows_equal_their_prompts_decoded_alone(kind, dtype):
+    """Float64: logits within 1e-12 of each row run alone (3.6e-15 at most, measured) and the same
+    tokens. Float32: logits within 5e-5 (1.3e-5 at most, measured, on logits up to 12 in size) and
+    the same tokens, which the bound implies where every step's best logit leads the second by more
+    than twice it (3.0e-4 at least, measured), which the test checks too."""
+    _, ours, ids, mask = h3_pair(kind, dtype)
+    bound = 1e-12 if dtype == torch.float64 else 5e-5
+    for _ in forms(ours):
+        batched = tfcore.generate(ours, ids, NEW, attention_mask=mask)
+        assert logit_gap_to_alone(ours, batched, mask) < bound
+        if dtype == torch.float32:
+            assert greedy_margin(ours, batched, mask) > 2 * bound
+        assert torch.equal(batched, decoded_alone(ours, ids, mask))
+
+
+@pytest.mark.parametrize("kind", H3_KINDS)
+def test_gemma_and_deepseek_all_ones_mask_equals_no_mask_and_a_padded_cache_needs_its_mask(kind):
+    reference, ours, ids, mask = h3_pair(kind, torch.float32)
+    plain = tfcore.generate(ours, ids, NEW)
+    assert torch.equal(tfcore.generate(ours, ids, NEW, attention_mask=torch.ones_like(ids)), plain)
+    assert torch.equal(plain, reference_generate(reference, ids, torch.ones_like(ids)))
+    cache = ours.new_cache()
+    with torch.no_grad():
+        ours(ids, cache=cache, attention_mask=mask)
+        with pytest.raises(ValueError, match="holds padded"):  # the cache holds padding: a silent wrong result
+            ours(ids[:, :1], cache=cache)
+
+
+def _padded_query_outputs(model, ids, mask):
+    """Each layer's attention output at the padded queries, and the logits (float64)."""
+    outputs = []
+    hooks = [layer.self_attn.register_forward_hook(lambda module, args, out: outputs.append(out[mask == 0]))
+             for layer in model.layers]
+    try:
+        with torch.no_grad():
+            logits = model(ids, attention_mask=mask)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return outputs, logits
+
+
+def _attend_without_zeroing(q, k, v, scale, mask=None):
+    """Bug: a query that sees no key is left to the softmax (DeepSeek's most negative float then
+    averages the padded values)."""
+    return _correct_attend(q, k, v, scale, None if mask is None else mask | ~mask.any(dim=-1, keepdim=True))
+
+
+_correct_attend = tfcore_mla.attend
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["as built", "planted: padded queries not zeroed"])
+@pytest.mark.parametrize("kind", ["gemma3", "deepseek_v3"])
+def test_gemma_and_deepseek_padded_queries_get_zeros_not_nan(kind, planted, monkeypatch):
+    """A padded query sees no key: attention gives it a zero context, so each layer's attention
+    output there is o_proj's bias, and every logit is finite, for a row of padding only too. The
+    cache changes nothing: the cached run equals one forward (cached_gap, above). Planted, Gemma's
+    row of -inf gives NaN, which reaches the real tokens through the next layer's values; DeepSeek's
+    most negative float gives a finite average of the padded values instead."""
+    _, ours, ids, mask = h3_pair(kind, torch.float64)
+    if planted:
+        if kind == "gemma3":
+            monkeypatch.setattr(tfcore_gemma, "zero_empty_rows", lambda weights, mask: weights)
+        else:
+            monkeypatch.setattr(tfcore_mla, "attend", _attend_without_zeroing)
+    for _ in forms(ours):
+        outputs, logits = _padded_query_outputs(ours, ids, mask)
+        zeros = all(torch.equal(out, layer.self_attn.o_proj.bias.expand_as(out))
+                    for out, layer in zip(outputs, ours.layers))
+        assert zeros != planted
+        if planted:
+            assert logits[mask == 1].isnan().any() if kind == "gemma3" else torch.isfinite(logits).all()
+            continue
+        assert torch.isfinite(logits).all()
+        empty = mask.clone()
+        empty[1] = 0  # a row of padding only: allowed in forward (generate refuses it)
+        with torch.no_grad():
+            assert torch.isfinite(ours(ids, attention_mask=empty)).all()
+        assert cached_gap(ours, tfcore.generate(ours, ids, NEW, attention_mask=mask), mask) < 1e-12
+
+
+# --- planted bugs: each check of this section can fail ------------------------------------------------
+
+def _window_in_positions(query_columns, key_columns, window, real=None):
+    """Bug: the window measured in positions (real tokens before) instead of columns."""
+    if window is None or real is None:
+        return _correct_key_mask(query_columns, key_columns, window, real)
+    positions = _correct_mask_positions(real, real.shape[1])  # [B, T]
+    q, k = positions[:, query_columns], positions[:, key_columns]
+    return _correct_key_mask(query_columns, key_columns, None, real) & (k[:, None, :] > q[:, :, None] - window)
+
+
+def _gemma_cached_steps_see_padding(query_columns, key_columns, window, real=None):
+    """Bug: the padding mask applied to the prompt only, as if one new token could see every key."""
+    return _correct_key_mask(query_columns, key_columns, window, real if len(query_columns) > 1 else None)
+
+
+@torch.no_grad()
+def test_gemma_window_counts_columns_padding_included(monkeypatch):
+    """transformers measures a local layer's window in columns, padding included, not in positions:
+    a row with a gap of padding as wide as the window tells the two apart (its query right after the
+    gap sees only itself). Left padding cannot: a row's positions are its columns minus its padding,
+    so the generate checks above pass with either (shown here)."""
+    reference, ours, ids, mask = h3_pair("gemma3", torch.float64)
+    expected = reference_generate(reference, ids, mask)
+    gapped = torch.ones(2, 12, dtype=torch.long)
+    gapped[0, 3:6] = 0  # a gap of 3 columns, the window, inside row 0
+    gapped[1, :4] = 0  # row 1 padded on the left
+    sequences = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(8))
+    assert gap_to_transformers(reference, ours, sequences, gapped[:, :7]) < 1e-10
+    monkeypatch.setattr(tfcore_gemma, "key_mask", _window_in_positions)
+    assert gap_to_transformers(reference, ours, sequences, gapped[:, :7]) > 1e-2
+    assert torch.equal(tfcore.generate(ours, ids, NEW, attention_mask=mask), expected)  # left padding: the same
+
+
+@pytest.mark.parametrize("bug", ["positions from the new columns only", "cached steps see padding"])
+@pytest.mark.parametrize("kind", ["gemma3", "deepseek_v3"])
+def test_planted_bugs_break_the_gemma_and_deepseek_checks(kind, bug, monkeypatch):
+    reference, ours, ids, mask = h3_pair(kind, torch.float64)
+    expected = reference_generate(reference, ids, mask)
+    if bug == "positions from the new columns only":  # H2's bugs, where these models read them
+        monkeypatch.setattr(tfcore_gemma if kind == "gemma3" else tfcore_gpt, "mask_positions",
+                            _positions_from_the_new_columns_only)
+    elif kind == "gemma3":
+        monkeypatch.setattr(tfcore_gemma, "key_mask", _gemma_cached_steps_see_padding)
+    else:
+        monkeypatch.setattr(tfcore_mla, "positions_and_mask", _cached_steps_see_padding)
+    for _ in forms(ours):
+        got = tfcore.generate(ours, ids, NEW, attention_mask=mask)
+        assert not torch.equal(got, expected)  # transformers' generate
+        assert not torch.equal(got, decoded_alone(ours, ids, mask))  # each row alone
+        assert gap_to_transformers(reference, ours, expected, mask) > 1e-3
+        assert torch.equal(tfcore.generate(ours, ids, NEW, attention_mask=mask, use_cache=False), expected)
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "deepseek_v3"])
+def test_positions_from_the_padded_columns_show_in_the_float64_logits_only(kind, monkeypatch):
+    """Rotary scores depend on the difference of two positions, so positions taken from the columns
+    shift a row's queries and keys alike: the tokens stay, and the logits move by the rounding of
+    the float32 angles (9e-7 for Gemma, 4e-6 for DeepSeek, measured), which the float64
+    comparison with transformers (1e-10) sees and the float32 one could not."""
+    reference, ours, ids, mask = h3_pair(kind, torch.float64)
+    expected = reference_generate(reference, ids, mask)
+    monkeypatch.setattr(tfcore_gemma if kind == "gemma3" else tfcore_gpt, "mask_positions",
+                        _positions_from_the_padded_columns)
+    for _ in forms(ours):
+        assert torch.equal(tfcore.generate(ours, ids, NEW, attention_mask=mask), expected)
+        assert 1e-8 < gap_to_transformers(reference, ours, expected, mask) < 1e-4
