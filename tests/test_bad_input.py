@@ -341,6 +341,13 @@ GEMMA = [
     case("forward-too-few-layers", lambda: small_gemma()(IDS, cache=sliding.RollingKVCache([3])), ValueError,
          "one entry per layer"),
     case("forward-kv-cache", lambda: small_gemma()(IDS, cache=cache.KVCache(2)), ValueError, "RollingKVCache"),
+    case("forward-mask-without-cached", lambda: cached_then(small_gemma(), long([1, 1])), ValueError,
+         "[1, 4] (3 cached, 1 new)"),
+    case("forward-mask-values", lambda: small_gemma()(IDS, attention_mask=long([0, 1, 2])), ValueError, "only 0"),
+    case("forward-mask-float", lambda: small_gemma()(IDS, attention_mask=torch.ones(1, 3)), TypeError,
+         "attention_mask.long()"),
+    case("forward-padded-cache-without-mask", lambda: padded_then_unmasked(small_gemma()), ValueError,
+         "holds padded columns, but attention_mask is None"),
 ]
 
 
@@ -349,9 +356,19 @@ def test_gemma_refuses(call, error, fragment):
     refused(call, error, fragment)
 
 
+def padded_then_unmasked(model):
+    """A padded prompt through a new cache (with its mask), then one more token without a mask."""
+    cached = model.new_cache()
+    model(IDS, cache=cached, attention_mask=long([0, 1, 1]))
+    return model(IDS[:, :1], cache=cached)
+
+
 def test_gemma_accepts():
     assert gemma.softcap(t(3), None).equal(t(3)) and gemma.softcap(t(3) * 100, 2.0).abs().max() <= 2.0
     model = small_gemma()
+    padded = model.new_cache()  # a padded prompt, then a step with the mask grown by one
+    assert torch.isfinite(model(IDS, cache=padded, attention_mask=long([0, 0, 1]).bool())).all()
+    assert model(IDS[:, :1], cache=padded, attention_mask=long([0, 0, 1, 1])).shape == (1, 1, 16)
     cached = model.new_cache()
     assert model(IDS, cache=cached).shape == (1, 3, 16) and cached.length == 3
     assert model(torch.tensor([[4]]), cache=cached).shape == (1, 1, 16)
@@ -392,6 +409,13 @@ MLA = [
     case("model-oov", lambda: small_mla()(torch.tensor([[1, 99]])), ValueError, "token ids must lie"),
     case("attention-width", lambda: small_mla().layers[0].self_attn(t(1, 3, 6), None, None), ValueError,
          "hidden_size"),
+    case("model-mask-without-cached", lambda: cached_then(small_mla(), long([1, 1])), ValueError,
+         "[1, 4] (3 cached, 1 new)"),
+    case("model-mask-values", lambda: small_mla()(IDS, attention_mask=long([0, 1, 2])), ValueError, "only 0"),
+    case("model-mask-float", lambda: small_mla()(IDS, attention_mask=torch.ones(1, 3)), TypeError,
+         "attention_mask.long()"),
+    case("model-padded-cache-without-mask", lambda: padded_then_unmasked(small_mla()), ValueError,
+         "holds padded positions, but attention_mask is None"),
 ]
 
 
@@ -404,6 +428,9 @@ def test_mla_accepts():
     assert mla.latent_cache_bytes_per_token(mla.DeepseekV3Config()) == 61 * (512 + 64) * 2
     assert mla.deinterleave(torch.arange(4.0)).tolist() == [0.0, 2.0, 1.0, 3.0]
     model = small_mla()
+    padded = model.new_cache()  # a padded prompt, then a step with the mask grown by one, absorbed
+    assert torch.isfinite(model(IDS, cache=padded, attention_mask=long([0, 0, 1]).bool())).all()
+    assert model(IDS[:, :1], cache=padded, attention_mask=long([0, 0, 1, 1]), absorbed=True).shape == (1, 1, 16)
     cached = model.new_cache(capacity=8)
     assert model(IDS, cache=cached).shape == (1, 3, 16) and cached.length == 3
     assert model(torch.tensor([[4]]), cache=cached, absorbed=True).shape == (1, 1, 16)
