@@ -357,7 +357,13 @@ class DeepseekV3MoEConfig(DeepseekV3Config):
 
 class DeepseekV3WithExperts(DeepseekV3):
     """``tfcore.mla.DeepseekV3`` whose layers from ``first_k_dense_replace`` on have a
-    ``SparseMoeBlock`` (sigmoid gates, group-limited, with shared experts) as feed-forward layer."""
+    ``SparseMoeBlock`` (sigmoid gates, group-limited, with shared experts) as feed-forward layer.
+
+    ``forward(input_ids, cache=None, absorbed=None, attention_mask=None)`` is DeepseekV3's: padded
+    tokens are routed too, and no real token sees them. A ``capacity_factor`` set on its blocks (off,
+    as built) is shared by every token of a forward pass, padded ones included: a batch then no
+    longer equals each prompt decoded alone (at factor 1.0, on the batch of
+    tests/test_batched_decoding.py: no row, the unpadded one included; logits up to 9.8 apart)."""
 
     def __init__(self, config: DeepseekV3MoEConfig):
         super().__init__(config)
