@@ -48,7 +48,7 @@ from torch import nn
 from .gpt import GPT, GPTConfig
 from .llama import Llama, LlamaConfig
 from .mla import DeepseekV3Config
-from .moe import DeepseekV3MoEConfig, MixtralConfig
+from .moe import DeepseekV3MoEConfig, MixtralConfig, SparseMoeBlock
 
 # FLOPs per element of the operations FlopCounterMode does not see: a convention (one per add,
 # multiply, divide, comparison, exp, tanh or erf), written out so that the reader can change it.
@@ -220,7 +220,7 @@ def _scale(op: dict, times: int) -> dict:
 
 
 def decoder_ops(config, batch: int = 1, new: int = 1, cached: int = 0, dtype: torch.dtype = torch.float32,
-                weights: str | None = None, use_cache: bool | None = None) -> list[dict]:
+                weights: str | None = None, use_cache: bool | None = None, fused_attention: bool = True) -> list[dict]:
     """Every operation of one forward pass, each summed over the layers, in the order they run.
 
     ``batch`` rows of ``new`` tokens after ``cached`` positions (whole numbers, ``batch, new >= 1``,
@@ -230,6 +230,10 @@ def decoder_ops(config, batch: int = 1, new: int = 1, cached: int = 0, dtype: to
     forward makes of each weight (``self.weight_int8.t().to(x.dtype)`` in tfcore/quantization.py).
     ``use_cache`` (default: ``cached > 0``) writes the new keys and values into a KV cache and reads
     every key and value from it; without one (a prompt with no cache) they stay activations.
+    ``fused_attention`` (default True): the scores and their softmax never leave the kernel, as in
+    tfcore's attention, which calls PyTorch's fused ``F.scaled_dot_product_attention`` for 4-D
+    inputs (tfcore/attention.py); False writes the scores and the weights to memory and reads them
+    back (chapter 13's plain attention with its weights).
 
     Each row: ``name``, ``kind`` ("matmul": counted by FlopCounterMode, or "elementwise"),
     ``flops``, ``weight_bytes``, ``cache_read_bytes``, ``cache_write_bytes``, ``activation_bytes``,
@@ -249,6 +253,8 @@ def decoder_ops(config, batch: int = 1, new: int = 1, cached: int = 0, dtype: to
         raise ValueError(f"weights must be None (stored in dtype) or 'int8' (tfcore.Int8Linear), got {weights!r}")
     if use_cache is None:
         use_cache = cached > 0
+    if not isinstance(fused_attention, bool):
+        raise TypeError(f"fused_attention must be True or False, got {fused_attention!r}")
     if cached and not use_cache:
         raise ValueError(f"cached={cached} positions need use_cache=True: without a cache there is nothing cached")
     a = _dtype_bytes(dtype)
@@ -295,11 +301,18 @@ def decoder_ops(config, batch: int = 1, new: int = 1, cached: int = 0, dtype: to
     k_read = batch * kv_heads * keys * head_dim * a if keys_from_cache else 0
     k_act = 0 if keys_from_cache else batch * heads * keys * head_dim * a
     q_numbers = batch * heads * new * head_dim
-    layer.append(_op("scores", "matmul", 2 * scores * head_dim, 0, k_read, 0, (q_numbers + scores) * a + k_act))
-    masked = 2 if (new > 1) else 1  # a masked_fill over the scores (read and write) when a mask is used
-    layer.append(_op("softmax", "elementwise", ELEMENTWISE_FLOPS["softmax"] * scores + q_numbers, 0, 0, 0,
-                     (2 * masked * scores + 2 * q_numbers) * a))  # and the query scaled by 1/sqrt(head_dim)
-    layer.append(_op("weighted_sum", "matmul", 2 * scores * head_dim, 0, k_read, 0, (scores + q_numbers) * a + k_act))
+    masked = not (use_cache and new == 1)  # tfcore passes a mask unless one new token follows a cache
+    softmax_flops = ELEMENTWISE_FLOPS["softmax"] * scores + q_numbers  # and the query scaled by 1/sqrt(head_dim)
+    if fused_attention:  # the scores stay inside the kernel: read q, K and V, write the output
+        zeroing = 2 * q_numbers * a if masked else 0  # tfcore zeroes fully masked rows after the kernel
+        layer += [_op("scores", "matmul", 2 * scores * head_dim, 0, k_read, 0, q_numbers * a + k_act),
+                  _op("softmax", "elementwise", softmax_flops),
+                  _op("weighted_sum", "matmul", 2 * scores * head_dim, 0, k_read, 0, q_numbers * a + k_act + zeroing)]
+    else:  # every step through memory: scores written, masked (read, write), softmax (read, write), read
+        layer += [_op("scores", "matmul", 2 * scores * head_dim, 0, k_read, 0, (q_numbers + scores) * a + k_act),
+                  _op("softmax", "elementwise", softmax_flops, 0, 0, 0,
+                      (2 * (2 if masked else 1) * scores + 2 * q_numbers) * a),
+                  _op("weighted_sum", "matmul", 2 * scores * head_dim, 0, k_read, 0, (scores + q_numbers) * a + k_act)]
     layer.append(linear("o_proj", heads * head_dim, d, bias_gpt or config.attention_bias))
     layer.append(elementwise("residual_1", "residual", tokens * d, reads=2))
     layer.append(elementwise("norm_2", norm, tokens * d, weight=norm_weights))
@@ -342,11 +355,11 @@ def decoder_ops(config, batch: int = 1, new: int = 1, cached: int = 0, dtype: to
 
 
 def forward_cost(config, batch: int = 1, new: int = 1, cached: int = 0, dtype: torch.dtype = torch.float32,
-                 weights: str | None = None, use_cache: bool | None = None) -> dict:
+                 weights: str | None = None, use_cache: bool | None = None, fused_attention: bool = True) -> dict:
     """Totals of ``decoder_ops`` (same arguments): ``flops``, ``matmul_flops``, ``elementwise_flops``,
     ``bytes``, ``weight_bytes``, ``cache_read_bytes``, ``cache_write_bytes``, ``activation_bytes``,
     and ``intensity`` = flops / bytes (FLOPs per byte)."""
-    ops = decoder_ops(config, batch, new, cached, dtype, weights, use_cache)
+    ops = decoder_ops(config, batch, new, cached, dtype, weights, use_cache, fused_attention)
     total = {key: sum(op[key] for op in ops) for key in
              ("flops", "bytes", "weight_bytes", "cache_read_bytes", "cache_write_bytes", "activation_bytes")}
     total["matmul_flops"] = sum(op["flops"] for op in ops if op["kind"] == "matmul")
@@ -423,23 +436,33 @@ def count_matmul_flops(run, model: nn.Module) -> dict[str, int]:
     ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``ff_gate``, ``ff_up``, ``ff_down``, ``router``,
     ``lm_head``, and ``attention``: the products inside the attention module that no linear layer
     makes (the scores ``Q Kᵀ`` and the weighted sum ``P V``); ``total`` is everything counted."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    # PyTorch's math backend for F.scaled_dot_product_attention: the counter of torch 2.13 has no
+    # formula for the CPU's fused kernel (aten._scaled_dot_product_flash_attention_for_cpu) and
+    # counts it 0; the math path runs its two products as bmm, which it counts (tests/test_cost.py)
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         run()
     counts = {name: sum(per_op.values()) for name, per_op in counter.get_flop_counts().items()}
     out = {"total": counts.pop("Global", 0)}
-    linear_in_attention, attention_total = 0, 0
+    linear_in_attention = attention_total = linear_in_moe = moe_total = 0
     for path, flops in counts.items():
         parts = path.split(".")
-        last = parts[-1]
-        if last in _ATTENTION_MODULES:
+        module = _module_at(model, parts)
+        if parts[-1] in _ATTENTION_MODULES:
             attention_total += flops
-        elif last in _OP_NAMES and isinstance(_module_at(model, parts), nn.Linear):
-            out[_OP_NAMES[last]] = out.get(_OP_NAMES[last], 0) + flops
+        elif isinstance(module, SparseMoeBlock):
+            moe_total += flops
+        elif parts[-1] in _OP_NAMES and isinstance(module, nn.Linear):
+            out[_OP_NAMES[parts[-1]]] = out.get(_OP_NAMES[parts[-1]], 0) + flops
             if len(parts) > 1 and parts[-2] in _ATTENTION_MODULES:
                 linear_in_attention += flops
+            if "mlp" in parts[:-1] and "experts" in parts:
+                linear_in_moe += flops
     out["attention"] = attention_total - linear_in_attention
+    if moe_total:  # the router's product, F.linear(x, gate.weight): counted on the block, not on gate
+        out["router"] = moe_total - linear_in_moe
     return out
 
 
