@@ -2,9 +2,10 @@
 (chapters 14 and 15).
 
 A model here is anything called as ``model(input_ids [B, L], cache=None)`` that returns logits
-``[B, L, vocab]`` and has ``new_cache()`` and ``max_positions``: ``tfcore.GPT`` and ``tfcore.Llama``.
-A batch of prompts of different lengths is padded on the left and needs a model whose forward
-also takes ``attention_mask`` (``tfcore.gpt.positions_and_mask``).
+``[B, L, vocab]`` and has ``new_cache()`` and ``max_positions``: ``tfcore.GPT``, ``tfcore.Llama``,
+``tfcore.Mixtral``, ``tfcore.Gemma`` and ``tfcore.DeepseekV3``. A batch of prompts of different lengths
+is padded on the left and needs a model whose forward also takes ``attention_mask``
+(``tfcore.gpt.positions_and_mask``); all five do (chapter 22).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def check_left_padding(attention_mask, input_ids: torch.Tensor, model) -> torch.
     if "attention_mask" not in parameters and not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
         raise TypeError(f"{type(model).__name__}.forward takes no attention_mask, so it cannot run a padded "
                         f"batch: generate each prompt alone (attention_mask=None), or use a model that takes "
-                        f"one (tfcore.GPT, tfcore.Llama, tfcore.Mixtral)")
+                        f"one (tfcore.GPT, tfcore.Llama, tfcore.Mixtral, tfcore.Gemma, tfcore.DeepseekV3)")
     if not isinstance(attention_mask, torch.Tensor):
         raise TypeError(f"attention_mask must be a torch.Tensor of 0/1 (1 = real token), got "
                         f"{type(attention_mask).__name__}; pass the tokenizer's attention_mask")
