@@ -693,6 +693,10 @@ OTHERS = [
     case("llama-kv-heads", lambda: llama.Llama(llama.LlamaConfig(
         vocab_size=20, max_position_embeddings=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=3, intermediate_size=16)), ValueError, "not divisible"),
+    case("gpt-padded-cache-without-mask", lambda: padded_then_unmasked(small_gpt()), ValueError,
+         "holds padded positions, but attention_mask is None"),
+    case("llama-padded-cache-without-mask", lambda: padded_then_unmasked(small_llama()), ValueError,
+         "holds padded positions, but attention_mask is None"),
     case("llama-rotary-odd", lambda: llama.rotary_frequencies(7), ValueError, "even"),
     case("llama-rotary-zero", lambda: llama.rotary_frequencies(0), ValueError, "even"),
     case("llama-rotary-theta", lambda: llama.rotary_frequencies(8, theta=0.0), ValueError, "theta"),

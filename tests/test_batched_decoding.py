@@ -240,7 +240,8 @@ def _cached_steps_see_padding(input_ids, cache, vocab_size, max_positions, atten
 def _causal_mask_only(input_ids, cache, vocab_size, max_positions, attention_mask=None):
     """Bug: the mask gives the positions but only the causal mask is applied: padded keys are seen."""
     positions, _ = _correct_positions_and_mask(input_ids, cache, vocab_size, max_positions, attention_mask)
-    _, causal = _correct_positions_and_mask(input_ids, cache, vocab_size, max_positions)
+    past, length = (0 if cache is None else cache.length), input_ids.shape[1]
+    causal = None if (cache is not None and length == 1) else tfcore_attention.causal_mask(length, input_ids.device, past)
     return positions, causal
 
 

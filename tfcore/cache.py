@@ -86,6 +86,7 @@ class KVCache:
         _whole("num_layers (one cache per attention layer)", num_layers, 1)
         self.layers = [LayerCache(capacity) for _ in range(num_layers)]
         self.cross = [LayerCache() for _ in range(num_layers)] if cross_attention else None
+        self.padded = False  # whether a padded position is held (set by the model: tfcore.gpt.positions_and_mask)
 
     def __getitem__(self, index: int) -> LayerCache:
         return self.layers[index]

@@ -74,7 +74,7 @@ def positions_and_mask(input_ids, cache: KVCache | None, vocab_size: int, max_po
     ``check_attention_mask``) the positions are per row, ``[B, L]`` (``mask_positions``), and the
     mask ``[B, L, P + L]`` also blocks every padded key; a padded query may then see no key at
     all, and attention gives it zeros. Without one (None) every position is real: positions
-    ``[L]``, as above.
+    ``[L]``, as above; a cache that holds padding (``cache.padded``) then refuses the call.
     """
     past = 0 if cache is None else cache.length
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and past + input_ids.shape[1] > max_positions:
@@ -84,10 +84,16 @@ def positions_and_mask(input_ids, cache: KVCache | None, vocab_size: int, max_po
     check_input_ids(input_ids, vocab_size, max_positions)
     length = input_ids.shape[1]
     if attention_mask is None:
+        if getattr(cache, "padded", False):
+            raise ValueError("this cache holds padded positions, but attention_mask is None: pass the mask over "
+                             "the cached and new positions, [B, P + L], extended with a 1 per new token, as "
+                             "tfcore.generate does")
         positions = torch.arange(past, past + length, device=input_ids.device)
         mask = None if (cache is not None and length == 1) else causal_mask(length, input_ids.device, past)
         return positions, mask
     real = check_attention_mask(attention_mask, input_ids, past).to(input_ids.device)  # [B, P + L]
+    if cache is not None and not bool(real.all()):
+        cache.padded = True  # from now on the cache holds padding: every later call needs the mask
     mask = real.unsqueeze(1)  # [B, 1, P + L]: no query sees a padded key
     if not (cache is not None and length == 1):
         mask = mask & causal_mask(length, input_ids.device, past)  # [B, L, P + L]
