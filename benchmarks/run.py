@@ -63,6 +63,19 @@ FlashAttention (chapter 17):
   (``sdpa_kernel(SDPBackend.FLASH_ATTENTION / EFFICIENT_ATTENTION / MATH)``); a case that a backend
   refuses, or that runs out of memory, is recorded with ``refused`` instead of a time.
 
+The cost of a token (chapter 22):
+
+- ``peaks`` (peaks.py): the machine's measured peaks, at 1 thread and at the run's thread count: the
+  FLOP/s of a large square product in float32, bfloat16 and float16, and the bytes per second of
+  a sum over 256 MiB (far past the last-level cache) and of a copy.
+- ``roofline`` (roofline.py): the 20M GPT's passes (prompts of 1 to 512 tokens at batch 1, 8 and 64;
+  cached steps after 16 to 511 positions), each with its FLOPs and bytes counted by ``tfcore.cost``,
+  its median time and the roofline bound of the same run's peaks; interventions (fewer weight bytes,
+  more FLOPs) and the book's techniques (KV cache, grouped-query attention, experts) as measured pairs.
+  About two minutes on 2 CPU cores, with ``peaks``:
+
+    .venv/bin/python benchmarks/run.py --only peaks,roofline
+
 ``--only generation,cache,per_token`` (or ``--only allocation``, ``--only flash``, ``--only speculative``) measures just those
 keys and writes them, with their own ``machine`` record, into the existing results.json, leaving the
 other keys as they were. ``--devices cuda`` measures on the GPU only and keeps the key's CPU rows;
@@ -119,6 +132,8 @@ KEYS = {
     "allocation": "memory",
     "speculative": "speculative",
     "flash": "flash",
+    "peaks": "peaks",
+    "roofline": "roofline",
 }
 
 

@@ -17,6 +17,16 @@ LAYER_CASES = {"self-attention", "LSTM", "Conv1d, kernel 3"}
 ENCODER_PARTS = {"projections", "feed-forward", "attention, L x L part", "whole layer"}
 ALLOCATION_CASES = {"plain (tfcore, with weights)", "preallocated buffers", "fresh pages only"}
 FLASH_CPU_CASES = {"plain (tfcore, with weights)", "tiled (tfcore.flash)", "torch sdpa"}
+ROOFLINE_KINDS = {"peak", "prefill", "decode", "overhead", "intervention", "technique", "cost only"}
+ROOFLINE_FIELDS = {"kind", "what", "model", "batch", "new", "cached", "dtype", "weights", "flops", "matmul_flops",
+                   "bytes", "weight_bytes", "cache_bytes", "activation_bytes", "intensity", "seconds", "repeats",
+                   "achieved_flops_per_second", "achieved_bytes_per_second", "peak_flops_per_second",
+                   "bytes_per_second", "compute_seconds", "memory_seconds", "bound_seconds", "binds",
+                   "bound_fraction", "threads", "device"}
+ROOFLINE_TECHNIQUES = {("kv cache", "cached step"), ("kv cache", "full recompute"),
+                       ("grouped-query attention", "multi-head, H_kv = H"),
+                       ("grouped-query attention", "multi-query, H_kv = 1")} | {
+    ("mixture of experts", v) for v in ("mixture of 8 experts, 2 per token", "dense, active size", "dense, total size")}
 
 
 def test_smoke_run_writes_results_and_plot(tmp_path):
@@ -55,6 +65,22 @@ def test_smoke_run_writes_results_and_plot(tmp_path):
     assert all(r["same_tokens"] for what, r in speculative.items() if what.startswith("speculative"))
     passes = [r for r in results["speculative"] if r["part"] == "pass"]
     assert sorted(r["new_tokens"] for r in passes) == list(range(1, 8)) and all(r["seconds"] > 0 for r in passes)
+    # chapter 22: the machine's peaks and the roofline rows (schemas in benchmarks/peaks.py and roofline.py)
+    assert {(r["what"], r["dtype"]) for r in results["peaks"]} == {("matmul", "float32"), ("matmul", "bfloat16"),
+                                                                  ("matmul", "float16"), ("read", "float32"),
+                                                                  ("copy", "float32")}
+    assert all(r["seconds"] > 0 and r["threads"] == 1 for r in results["peaks"])
+    roofline = results["roofline"]
+    assert {r["kind"] for r in roofline} == ROOFLINE_KINDS
+    timed = [r for r in roofline if r["kind"] not in ("peak", "cost only")]
+    assert all(ROOFLINE_FIELDS <= set(r) and r["seconds"] > 0 and r["flops"] > 0 and r["bytes"] > 0 for r in timed)
+    assert all(r["bound_seconds"] == max(r["compute_seconds"], r["memory_seconds"]) for r in timed)
+    interventions = {r["what"]: r for r in roofline if r["kind"] == "intervention"}
+    assert {r["intervention"] for r in interventions.values()} == {"fewer weight bytes", "more FLOPs", "baseline"}
+    assert all(interventions[r["baseline"]]["intervention"] == "baseline" for r in interventions.values())
+    assert {(r["technique"], r["variant"]) for r in roofline if r["kind"] == "technique"} == ROOFLINE_TECHNIQUES
+    costed = {r["what"] for r in roofline if r["kind"] == "cost only"}
+    assert costed <= {r["what"] for r in results["speculative"]} and len(costed) == 9  # joined with its times
 
 
 def _seconds(rows, what, **where):
@@ -194,3 +220,41 @@ def test_chapter_13s_additive_attention_refuses_mismatched_batches():
     assert attention(torch.randn(2, 5, 8), key, value)[0].shape == (2, 5, 8)
     with pytest.raises(ValueError, match=r"expected query \[B, Lq, 8\]"):
         attention(torch.randn(1, 5, 8), key, value)
+
+
+def test_peaks_measure_on_the_threads_asked_and_refuse_bad_input():
+    import torch
+
+    from benchmarks.peaks import matmul_row, memory_row
+
+    before = torch.get_num_threads()
+    row = matmul_row("cpu", torch.float32, threads=1, size=32, repeats=1)
+    assert row["threads"] == 1 and row["flops"] == 2 * 32 ** 3 and torch.get_num_threads() == before
+    assert memory_row("copy", "cpu", 1, 2**16, 1)["bytes"] == 2**16  # read and written, half each
+    with pytest.raises(ValueError, match="threads"):
+        matmul_row("cpu", threads=0)
+    with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
+        memory_row("read", "tpu")
+    with pytest.raises(ValueError, match="'read' or 'copy'"):
+        memory_row("write")
+
+
+def _roofline(committed):
+    assert "roofline" in committed, "no roofline rows: run .venv/bin/python benchmarks/run.py --only peaks,roofline"
+    assert committed["machine_roofline"]["torch_threads"] == 2
+    return [r for r in committed["roofline"] if r["device"] == "cpu"]
+
+
+def test_committed_roofline_claims_of_chapter_22(committed):
+    rows = _roofline(committed)
+    timed = [r for r in rows if r["kind"] in ("prefill", "decode")]
+    # the 20M GPT's weights (84 MB in float32) do not fit the last-level cache: no pass beats its bound
+    assert all(r["bound_fraction"] <= 1.1 for r in timed), max(r["bound_fraction"] for r in timed)
+    assert all(r["binds"] == "memory" for r in timed if r["kind"] == "decode" and r["batch"] == 1)
+    assert all(r["binds"] == "compute" for r in timed if r["kind"] == "prefill" and r["batch"] * r["new"] >= 1024)
+    step = {r["what"]: r for r in rows if r["kind"] == "intervention"}
+    assert step["prefill, 256 tokens"]["time_ratio"] > 1.5  # twice the FLOPs, about twice the time
+    assert step["decode, batch 2"]["time_ratio"] < 1.6  # twice the FLOPs, same weights: not twice the time
+    kv = {r["variant"]: r["seconds"] for r in rows if r.get("technique") == "kv cache"}
+    assert kv["full recompute"] > 5 * kv["cached step"]
+

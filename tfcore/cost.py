@@ -10,13 +10,15 @@ pass with
   ``counted_flops`` runs the tfcore model on the ``meta`` device under that counter (no memory, no
   arithmetic) and ``tests/test_cost.py`` checks the two agree exactly. The counter sees matrix
   products only (in torch 2.13 its registry holds mm, addmm, bmm, baddbmm, convolutions and the
-  fused attention kernels; a bias, a softmax, a norm or an activation counts 0, shown by running
-  it): the other operations are counted here by a stated convention (``ELEMENTWISE_FLOPS``), and
-  they are a few percent of the total (``tests/test_cost.py`` bounds their share).
+  CUDA fused attention kernels; a bias, a softmax, a norm or an activation counts 0, and so does
+  the CPU's fused attention kernel, shown by running it): the other operations are counted here
+  by a stated convention (``ELEMENTWISE_FLOPS``), and they are under 2% of the total on the
+  shapes ``tests/test_cost.py`` checks.
 - bytes moved, as if every operation read its inputs from memory and wrote its output back once
-  (no fusion, no cache reuse between operations): ``weight_bytes`` (the weights it reads: once per
-  pass, whatever the batch), ``cache_read_bytes`` and ``cache_write_bytes`` (the KV cache), and
-  ``activation_bytes`` (every other tensor read or written).
+  (no reuse through the CPU's caches between operations; attention fused as tfcore runs it, its
+  scores never stored, unless ``fused_attention=False``): ``weight_bytes`` (the weights it reads:
+  once per pass, whatever the batch), ``cache_read_bytes`` and ``cache_write_bytes`` (the KV
+  cache), and ``activation_bytes`` (every other tensor read or written).
 
 The rule of thumb it refines: a forward pass costs 2 FLOPs per parameter per token, ``2 N``, plus
 attention's context-dependent ``2 n_layer n_ctx d_attn`` per token (Kaplan et al., 2020, *Scaling
