@@ -9,12 +9,11 @@ run). Each row, by ``what``:
   float32, bfloat16 and float16 (on the CPU: a smaller n for float16, whose product this CPU runs
   on a slow path, so that a row stays under a second), at 1 thread and at the run's thread count
   (``threads``; CUDA: ``threads`` is the CPU's, which the GPU does not use).
-- ``"read"``: ``x.sum()`` over a float32 tensor of ``bytes`` bytes (256 MiB, 8 times this machine's
-  32 MiB last-level cache, so that it comes from memory): ``seconds`` (median), ``bytes_per_second``
-  (bytes / seconds).
-- ``"copy"``: ``y.copy_(x)``, both of ``bytes / 2`` bytes: ``bytes`` counts the read and the write
-  (2 x 128 MiB); ``bytes_per_second``. A CPU whose caches read a line before writing it
-  (write-allocate) moves more than it counts.
+- ``"read"``: ``x.sum()`` over a float32 tensor of ``bytes`` bytes (256 MiB, 8 times the 32 MiB
+  last-level cache of the 2-core machine, which the machine record's ``caches`` lists): ``seconds``
+  (median), ``bytes_per_second`` (bytes / seconds).
+- ``"copy"``: ``y.copy_(x)``, both of ``bytes / 2`` bytes: ``bytes`` counts each byte read and each
+  byte written once (2 x 128 MiB); ``bytes_per_second``.
 
 Every row also has ``dtype`` (str), ``threads``, ``repeats`` and, from run.py, ``device``. The
 functions ``matmul_flops_per_second(device, dtype, threads)`` and ``read_bytes_per_second(device,
