@@ -288,11 +288,12 @@ class Gemma(nn.Module):
             raise ValueError("this cache holds padded columns, but attention_mask is None: pass the mask over "
                              "the cached and new columns, [B, P + L], extended with a 1 per new token, as "
                              "tfcore.generate does")
-        rotary = {SLIDING: rotary_cos_sin(positions, self.local_inv_freq),
-                  FULL: rotary_cos_sin(positions, self.global_inv_freq)}
+        x = self.embed_tokens(input_ids) * torch.tensor(self.embed_scale, dtype=self.embed_tokens.weight.dtype)
+        # angles in float32, then in the model's dtype (as transformers returns them: bfloat16 stays bfloat16)
+        rotary = {kind: tuple(t.to(x.dtype) for t in rotary_cos_sin(positions, inv_freq))
+                  for kind, inv_freq in ((SLIDING, self.local_inv_freq), (FULL, self.global_inv_freq))}
         if positions.dim() == 2:  # [B, L, head_dim] -> [B, 1, L, head_dim]: the same angles for every head
             rotary = {kind: (cos.unsqueeze(1), sin.unsqueeze(1)) for kind, (cos, sin) in rotary.items()}
-        x = self.embed_tokens(input_ids) * torch.tensor(self.embed_scale, dtype=self.embed_tokens.weight.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, *rotary[self.config.layer_types[i]], columns, cache, i, real)
         if cache is not None:

@@ -253,10 +253,12 @@ class Llama(nn.Module):
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         positions, mask = positions_and_mask(input_ids, cache, self.config.vocab_size, self.max_positions,
                                              attention_mask)
-        cos, sin = rotary_cos_sin(positions, self.inv_freq)  # [L, head_dim], or [B, L, head_dim] per row
+        x = self.embed_tokens(input_ids)
+        # angles in float32, then in the model's dtype, as transformers' LlamaRotaryEmbedding returns
+        # them (a bfloat16 model stays in bfloat16; a float64 one gets the float32 angles unchanged)
+        cos, sin = (t.to(x.dtype) for t in rotary_cos_sin(positions, self.inv_freq))  # [L, head_dim] or [B, L, head_dim]
         if positions.dim() == 2:
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, L, head_dim]: the same for every head
-        x = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, None if cache is None else cache[i])
         return self.lm_head(self.norm(x))

@@ -370,8 +370,9 @@ class DeepseekV3(nn.Module):
                              "tfcore.generate does")
         positions, mask = positions_and_mask(input_ids, cache, self.config.vocab_size, self.max_positions,
                                              attention_mask)
-        cos, sin = rotary_cos_sin(positions, self.inv_freq)  # [L, rope], or [B, L, rope] per row
         x = self.embed_tokens(input_ids)
+        # angles in float32, then in the model's dtype (as transformers returns them: bfloat16 stays bfloat16)
+        cos, sin = (t.to(x.dtype) for t in rotary_cos_sin(positions, self.inv_freq))  # [L, rope], or [B, L, rope]
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, None if cache is None else cache[i], absorbed)
         if cache is not None and attention_mask is not None and not bool(attention_mask.bool().all()):
