@@ -239,8 +239,9 @@ def decoder_ops(config, batch: int = 1, new: int = 1, cached: int = 0, dtype: to
 
     Each row: ``name``, ``kind`` ("matmul": counted by FlopCounterMode, or "elementwise"),
     ``flops``, ``weight_bytes``, ``cache_read_bytes``, ``cache_write_bytes``, ``activation_bytes``,
-    ``bytes`` (their sum). Grouped-query attention copies each key/value head to its query heads
-    (``repeat_kv``), as ``tfcore.GroupedQueryAttention`` does with ``repeat_interleave``; the
+    ``bytes`` (their sum). Grouped-query attention reads each key/value head once for its group
+    of query heads, as ``tfcore.GroupedQueryAttention`` does (it stacks a group's queries as the
+    rows of one head instead of copying the keys and values out to every query head); the
     expert layers read the weights of ``min(E, T k)`` experts, the most that ``T`` tokens with ``k``
     experts each can touch. Not counted: the cos/sin tables, the mask, the heads' reshapes, and
     the experts' gather and scatter of rows.
@@ -290,18 +291,13 @@ def decoder_ops(config, batch: int = 1, new: int = 1, cached: int = 0, dtype: to
               linear("v_proj", d, kv_heads * head_dim, bias_gpt or config.attention_bias)]
     if not gpt:
         layer.append(elementwise("rotary", "rotary", tokens * (heads + kv_heads) * head_dim))
-    kv_new, kv_all = 2 * batch * kv_heads * new * head_dim, 2 * batch * kv_heads * keys * head_dim  # numbers
+    kv_new = 2 * batch * kv_heads * new * head_dim  # numbers written to the cache
     if use_cache:
         layer.append(_op("cache_write", "elementwise", 0, 0, 0, kv_new * a, kv_new * a))
-    group = heads // kv_heads
-    keys_from_cache = use_cache and group == 1
-    if group > 1:  # repeat_interleave: read H_kv heads (from the cache if any), write H heads
-        read = kv_all * a
-        layer.append(_op("repeat_kv", "elementwise", 0, 0, read if use_cache else 0, 0,
-                         (0 if use_cache else read) + group * kv_all * a))
     scores = batch * heads * new * keys
-    k_read = batch * kv_heads * keys * head_dim * a if keys_from_cache else 0
-    k_act = 0 if keys_from_cache else batch * heads * keys * head_dim * a
+    # each key/value head is read once for its group of query heads: from the cache, or as an activation
+    k_read = batch * kv_heads * keys * head_dim * a if use_cache else 0
+    k_act = 0 if use_cache else batch * kv_heads * keys * head_dim * a
     q_numbers = batch * heads * new * head_dim
     masked = not (use_cache and new == 1)  # tfcore passes a mask unless one new token follows a cache
     softmax_flops = ELEMENTWISE_FLOPS["softmax"] * scores + q_numbers  # and the query scaled by 1/sqrt(head_dim)

@@ -187,9 +187,16 @@ class GroupedQueryAttention(nn.Module):
         if cache is not None:
             k, v = cache.append(k, v)
         group = self.num_heads // self.num_kv_heads
-        if group > 1:  # key/value head j serves query heads j*group .. (j+1)*group - 1
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        if group > 1:
+            # Key/value head j serves query heads j*group .. (j+1)*group - 1. Rather than copy the keys
+            # and values out to every query head, stack each group's queries as the rows of one head,
+            # [B, H, L, d] -> [B, H_kv, group * L, d] (row g*L + l is head j*group + g at position l),
+            # so that a step reads each cached key and value once (chapter 22 measures it).
+            q = q.reshape(batch, self.num_kv_heads, group * length, self.head_dim)
+            if mask is not None and mask.shape[-2] > 1:  # one row per position: one per stacked row
+                mask = mask.repeat(*[1] * (mask.dim() - 2), group, 1)
         context, _ = scaled_dot_product_attention(q, k, v, mask, need_weights=False)
+        context = context.reshape(batch, self.num_heads, length, self.head_dim)
         return self.o_proj(context.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
 
 
