@@ -76,6 +76,17 @@ The cost of a token (chapter 22):
 
     .venv/bin/python benchmarks/run.py --only peaks,roofline
 
+- ``decoding`` (decoding.py): greedy decoding of 256 tokens, batch 1, by ``tfcore.generate``, transformers'
+  ``generate`` and ``tfcore.static_decoding`` (a preallocated cache, fixed shapes; on CUDA also as a
+  CUDA graph), against the bound of the weights' bytes over the read bandwidth measured in the same
+  run, at 1 thread and at the run's count; each linear layer at one row: F.linear, transformers'
+  ``[in, out]`` layout and oneDNN's reordered weights; a profile of a call by operation; and
+  ``tfcore.generate``'s tokens per second for 1 to 64 left-padded prompts, each row's tokens
+  checked against its prompt decoded alone.
+  About three minutes on 2 CPU cores:
+
+    .venv/bin/python benchmarks/run.py --only decoding
+
 ``--only generation,cache,per_token`` (or ``--only allocation``, ``--only flash``, ``--only speculative``) measures just those
 keys and writes them, with their own ``machine`` record, into the existing results.json, leaving the
 other keys as they were. ``--devices cuda`` measures on the GPU only and keeps the key's CPU rows;
@@ -134,6 +145,7 @@ KEYS = {
     "flash": "flash",
     "peaks": "peaks",
     "roofline": "roofline",
+    "decoding": "decoding",
 }
 
 

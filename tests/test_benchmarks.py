@@ -17,6 +17,8 @@ LAYER_CASES = {"self-attention", "LSTM", "Conv1d, kernel 3"}
 ENCODER_PARTS = {"projections", "feed-forward", "attention, L x L part", "whole layer"}
 ALLOCATION_CASES = {"plain (tfcore, with weights)", "preallocated buffers", "fresh pages only"}
 FLASH_CPU_CASES = {"plain (tfcore, with weights)", "tiled (tfcore.flash)", "torch sdpa"}
+DECODING_SINGLE_CASES = {"tfcore.generate", "transformers generate", "static cache"}
+DECODING_KERNEL_CASES = {"F.linear", "addmm, weight stored [in, out]", "oneDNN packed"}
 ROOFLINE_KINDS = {"peak", "prefill", "decode", "overhead", "intervention", "technique", "cost only"}
 ROOFLINE_FIELDS = {"kind", "what", "model", "batch", "new", "cached", "dtype", "weights", "flops", "matmul_flops",
                    "bytes", "weight_bytes", "cache_bytes", "activation_bytes", "intensity", "seconds", "repeats",
@@ -81,6 +83,20 @@ def test_smoke_run_writes_results_and_plot(tmp_path):
     assert {(r["technique"], r["variant"]) for r in roofline if r["kind"] == "technique"} == ROOFLINE_TECHNIQUES
     costed = {r["what"] for r in roofline if r["kind"] == "cost only"}
     assert costed <= {r["what"] for r in results["speculative"]} and len(costed) == 9  # joined with its times
+    # chapter 22: decoding against the bandwidth bound, kernels, profile, batches (schema in benchmarks/decoding.py)
+    decoding = results["decoding"]
+    assert {r["part"] for r in decoding} == {"single", "kernel", "profile", "batched"}
+    single = [r for r in decoding if r["part"] == "single"]
+    assert {r["what"] for r in single} == DECODING_SINGLE_CASES and all(r["same_tokens"] for r in single)
+    assert all(r["bound_seconds_per_token"] == r["weight_bytes"] / r["read_bytes_per_second"]
+               and r["fraction_of_bound"] == r["bound_seconds_per_token"] / r["seconds_per_token"] for r in single)
+    assert {r["what"] for r in decoding if r["part"] == "kernel"} == DECODING_KERNEL_CASES
+    for what in ("tfcore.generate", "static cache"):
+        shares = [r["share"] for r in decoding if r["part"] == "profile" and r["what"] == what and r["op"] != "all ops"]
+        assert abs(sum(shares) - 1) < 1e-9
+    batched = [r for r in decoding if r["part"] == "batched"]
+    assert [r["batch"] for r in batched] == [1, 2] and all(r["same_tokens"] for r in batched)
+    assert batched[1]["prompt_lengths"] == [8, 4]  # left padding exercised
 
 
 def _seconds(rows, what, **where):
@@ -258,3 +274,52 @@ def test_committed_roofline_claims_of_chapter_22(committed):
     kv = {r["variant"]: r["seconds"] for r in rows if r.get("technique") == "kv cache"}
     assert kv["full recompute"] > 5 * kv["cached step"]
 
+
+
+def _decoding(committed, part):
+    assert "decoding" in committed, "no decoding rows: run .venv/bin/python benchmarks/run.py --only decoding"
+    assert committed["machine_decoding"]["torch_threads"] == 2
+    return [r for r in committed["decoding"] if r["device"] == "cpu" and r["part"] == part]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_committed_decoding_reaches_the_bandwidth_bound(committed, threads):
+    """Chapter 22's target: greedy decoding of the 20M GPT at 60% or more of the bound that the run
+    measures at the same thread count (the weights' bytes over the read bandwidth), same tokens."""
+    rows = {r["what"]: r for r in _decoding(committed, "single") if r["model"] == "20M" and r["threads"] == threads}
+    assert set(rows) == DECODING_SINGLE_CASES and all(r["same_tokens"] for r in rows.values())
+    assert rows["tfcore.generate"]["distinct_new_tokens"] >= 5
+    fraction = rows["static cache"]["fraction_of_bound"]
+    assert fraction >= 0.6, {what: round(r["fraction_of_bound"], 3) for what, r in rows.items()}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("model", ["1M", "20M"])
+def test_committed_decoding_is_not_slower_than_transformers(committed, model, threads):
+    rows = {r["what"]: r for r in _decoding(committed, "single") if r["model"] == model and r["threads"] == threads}
+    ratio = rows["tfcore.generate"]["seconds"] / rows["transformers generate"]["seconds"]
+    assert ratio <= 1.0, ratio
+
+
+def test_committed_batched_decoding_throughput(committed):
+    """Batch 32 reaches 10 times the tokens per second of batch 1, every row's tokens equal to its
+    prompt decoded alone."""
+    rows = {r["batch"]: r for r in _decoding(committed, "batched")}
+    assert sorted(rows) == [1, 2, 4, 8, 16, 32, 64] and all(r["same_tokens"] for r in rows.values())
+    assert len(set(rows[64]["prompt_lengths"])) >= 5 and rows[64]["prompt_lengths"][0] == rows[64]["prompt"]
+    speedup = rows[32]["tokens_per_second"] / rows[1]["tokens_per_second"]
+    assert speedup >= 10, speedup
+
+
+def test_committed_decoding_rows_chapter_22_reads(committed):
+    kernel = {(r["what"], r["layer"], r["threads"]) for r in _decoding(committed, "kernel")}
+    layers = {layer for _, layer, _ in kernel}
+    assert kernel == {(what, layer, t) for what in DECODING_KERNEL_CASES for layer in layers for t in (1, 2)}
+    assert len(layers) == 6
+    profile = _decoding(committed, "profile")
+    for what in ("tfcore.generate", "static cache"):
+        ops = {r["op"]: r for r in profile if r["what"] == what}
+        assert {"all ops", "other ops"} <= set(ops) and ops["all ops"]["wall_seconds_per_token"] > 0
+        assert abs(sum(r["share"] for op, r in ops.items() if op != "all ops") - 1) < 1e-9
+    single = _decoding(committed, "single")
+    assert {(r["model"], r["threads"]) for r in single} == {(m, t) for m in ("1M", "20M") for t in (1, 2)}
