@@ -82,8 +82,8 @@ The cost of a token (chapter 22):
   run, at 1 thread and at the run's count; each linear layer at one row: F.linear, transformers'
   ``[in, out]`` layout and oneDNN's reordered weights; a profile of a call by operation; and
   ``tfcore.generate``'s tokens per second for 1 to 64 left-padded prompts, each row's tokens
-  checked against its prompt decoded alone.
-  About three minutes on 2 CPU cores:
+  checked against its prompt decoded alone. About three minutes on 2 idle CPU cores (estimated
+  from its parts' times; 13 minutes on the busy 2-core machine where it was written):
 
     .venv/bin/python benchmarks/run.py --only decoding
 
