@@ -35,7 +35,8 @@ Rows, by ``part`` (every row also has ``device``, from run.py, and ``dtype``, ``
   ``"addmm, weight stored [in, out]"`` (transformers' GPT-2 ``Conv1D``: ``torch.addmm(bias, x, weight)``)
   or ``"oneDNN packed"`` (``tfcore.static_decoding.PackedLinear``); ``layer`` (``"query"``,
   ``"query, key and value (fused)"``, ``"attention output"``, ``"feed-forward up"``,
-  ``"feed-forward down"``, ``"output layer"``), ``out_features``, ``in_features``, ``weight_bytes``,
+  ``"feed-forward down"``, ``"output layer"``, and ``"8 x 8 (the cost of a call)"``, a weight so
+  small that the time is the call's fixed cost), ``out_features``, ``in_features``, ``weight_bytes``,
   ``seconds`` (median per product), ``bytes_per_second`` (weight_bytes / seconds), ``repeats``.
 - ``"profile"`` (CPU): where one greedy call's time goes, by PyTorch operation
   (``torch.profiler``, self CPU time; the profiler's own cost inflates small operations), for the
@@ -161,12 +162,14 @@ def kernels(sizes: dict, repeats: int, thread_counts, total_bytes: int) -> list[
     hidden, vocab = sizes["n_embd"], sizes["vocab_size"]
     layers = {"query": (hidden, hidden), "query, key and value (fused)": (3 * hidden, hidden),
               "attention output": (hidden, hidden), "feed-forward up": (4 * hidden, hidden),
-              "feed-forward down": (hidden, 4 * hidden), "output layer": (vocab, hidden)}
+              "feed-forward down": (hidden, 4 * hidden), "output layer": (vocab, hidden),
+              "8 x 8 (the cost of a call)": (8, 8)}
     generator = torch.Generator().manual_seed(0)
     rows = []
     for layer, (out_features, in_features) in layers.items():
         weight_bytes = out_features * in_features * 4
-        copies = max(4, total_bytes // weight_bytes)  # together far larger than the last-level cache
+        # together far larger than the last-level cache (but for 8 x 8, whose time is the call's own)
+        copies = min(max(4, total_bytes // weight_bytes), 1024)
         weights = [torch.randn(out_features, in_features, generator=generator) for _ in range(copies)]
         bias = torch.randn(out_features, generator=generator)
         packed = [PackedLinear(w, bias) for w in weights]

@@ -315,7 +315,7 @@ def test_committed_decoding_rows_chapter_22_reads(committed):
     kernel = {(r["what"], r["layer"], r["threads"]) for r in _decoding(committed, "kernel")}
     layers = {layer for _, layer, _ in kernel}
     assert kernel == {(what, layer, t) for what in DECODING_KERNEL_CASES for layer in layers for t in (1, 2)}
-    assert len(layers) == 6
+    assert len(layers) == 7
     profile = _decoding(committed, "profile")
     for what in ("tfcore.generate", "static cache"):
         ops = {r["op"]: r for r in profile if r["what"] == what}
