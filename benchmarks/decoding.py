@@ -108,9 +108,9 @@ def single(models: dict, prompt: int, new_tokens: int, repeats: int, device: str
     pairs = {name: _gpt2_pair(sizes, 512, device) for name, sizes in models.items()}
     for threads in thread_counts:
         with _Threads(threads):
-            bandwidth = _bandwidth(device, threads, smoke)
             for name, sizes in models.items():
                 reference, ours = pairs[name]
+                bandwidth = _bandwidth(device, threads, smoke)  # just before this model's rows
                 generator = torch.Generator().manual_seed(0)  # drawn on the CPU (PITFALLS: CUDA draws differ)
                 ids = torch.randint(0, sizes["vocab_size"], (1, prompt), generator=generator).to(device)
                 mask = torch.ones_like(ids)  # every prompt token is real (else generate masks those equal to pad_token_id)
