@@ -113,7 +113,7 @@ def single(models: dict, prompt: int, new_tokens: int, repeats: int, device: str
                 bandwidth = _bandwidth(device, threads, smoke)  # just before this model's rows
                 generator = torch.Generator().manual_seed(0)  # drawn on the CPU (PITFALLS: CUDA draws differ)
                 ids = torch.randint(0, sizes["vocab_size"], (1, prompt), generator=generator).to(device)
-                mask = torch.ones_like(ids)  # every prompt token is real (else generate masks those equal to pad_token_id)
+                mask = torch.ones_like(ids)  # all real (else generate masks the tokens equal to pad_token_id)
                 env = {"tfcore": tfcore, "static_generate": static_generate, "ours": ours, "reference": reference,
                        "ids": ids, "mask": mask, "n": new_tokens}
                 statements = {"tfcore.generate": "tfcore.generate(ours, ids, n)",
@@ -175,10 +175,11 @@ def kernels(sizes: dict, repeats: int, thread_counts, total_bytes: int) -> list[
         packed = [PackedLinear(w, bias) for w in weights]
         x = torch.randn(1, 1, in_features, generator=generator)
         stored_in_out = [w.t().contiguous() for w in weights]  # transformers' Conv1D keeps [in, out]
-        variants = {"F.linear": lambda i: F.linear(x, weights[i], bias),
-                    "addmm, weight stored [in, out]": lambda i: torch.addmm(bias, x[0], stored_in_out[i])}
+        variants = {"F.linear": lambda i, x=x, w=weights, b=bias: F.linear(x, w[i], b),
+                    "addmm, weight stored [in, out]":
+                        lambda i, x=x, w=stored_in_out, b=bias: torch.addmm(b, x[0], w[i])}
         if packed[0].packed:
-            variants["oneDNN packed"] = lambda i: packed[i](x)
+            variants["oneDNN packed"] = lambda i, x=x, linears=packed: linears[i](x)
         for threads in thread_counts:
             with _Threads(threads), torch.no_grad():
                 times = {what: [] for what in variants}

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import tfcore
-from tfcore.static_decoding import (PackedLinear, StaticDecoder, cuda_graph_step, decode,
-                                    static_generate)
+from tfcore.static_decoding import PackedLinear, StaticDecoder, cuda_graph_step, decode, static_generate
 
 ONEDNN = PackedLinear(torch.zeros(2, 2)).packed  # float32 on a CPU with oneDNN
 
