@@ -206,7 +206,8 @@ class GPT(nn.Module):
 
         GPT-2 stores its linear layers as ``Conv1D`` with the weight transposed (``[in, out]``),
         and its query, key and value projections as one ``c_attn`` of width 3 x hidden: we
-        transpose, and cut ``c_attn`` into three. The port keeps the reference's dtype.
+        transpose (keeping GPT-2's memory layout: each weight is a transposed view of an [in, out] copy),
+        and cut ``c_attn`` into three. The port keeps the reference's dtype.
 
         Scope: every size of ``GPT2Config`` (``n_inner`` included), ``activation_function`` (the
         names in ``ACTIVATIONS``), ``layer_norm_epsilon``, ``tie_word_embeddings``, the dropout
@@ -244,7 +245,11 @@ class GPT(nn.Module):
         hidden = config.hidden_size
 
         def linear(target: nn.Linear, weight, bias):  # Conv1D [in, out] -> Linear [out, in]
-            target.weight.copy_(weight.t())
+            # The weight [out, in] is the transpose of a copy of Conv1D's [in, out] storage: the same
+            # numbers, kept in GPT-2's memory layout, so each product runs the kernel transformers runs.
+            # At one row (a decode step) MKL read this layout faster than a contiguous [out, in]:
+            # benchmarks/decoding.py's "kernel" rows, and chapter 22.
+            target.weight = nn.Parameter(weight.detach().clone().t())
             target.bias.copy_(bias)
 
         with torch.no_grad():
