@@ -15,8 +15,9 @@ Rows, by ``kind``:
   ``flops_per_second`` or ``bytes_per_second``, ``threads``.
 - ``"prefill"``: a pass over ``batch`` rows of ``new`` tokens with no cache (``cached`` 0): batch 1
   and 8 at 1, 4, 16, 64, 128, 256 and 512 tokens, batch 64 up to 256 tokens. Left out: the lengths
-  between, and batch 64 at 512 tokens (1.6 TFLOP a pass, about 17 s at 95 GFLOP/s, the float32 peak
-  measured on the 2-core machine: with its warm-up, a third of the key's time). The repeats fall
+  between, and batch 64 at 512 tokens (1.6 TFLOP a pass: about 17 s at the 95 GFLOP/s that a
+  busy 2-core machine gave in development, 7.5 s at the committed run's 218, with its warm-up a
+  large share of the key's time). The repeats fall
   from 15 to 1 as a pass's FLOPs at the peak rate grow past 0.02, 0.3 and 1.5 seconds.
 - ``"overhead"``: a GPT with the same operations (10 layers, 6 heads) at tiny sizes (48 wide,
   vocabulary 64), one cached step after 16 positions, batch 1: what a pass costs when its FLOPs

@@ -9,11 +9,11 @@ pass with
   multiply and one add per term), the count of ``torch.utils.flop_counter.FlopCounterMode``;
   ``counted_flops`` runs the tfcore model on the ``meta`` device under that counter (no memory, no
   arithmetic) and ``tests/test_cost.py`` checks the two agree exactly. The counter sees matrix
-  products only (in torch 2.13 its registry holds mm, addmm, bmm, baddbmm, convolutions and the
-  CUDA fused attention kernels; a bias, a softmax, a norm or an activation counts 0, and so does
-  the CPU's fused attention kernel, shown by running it): the other operations are counted here
-  by a stated convention (``ELEMENTWISE_FLOPS``), and they are under 2% of the total on the
-  shapes ``tests/test_cost.py`` checks.
+  products only (in torch 2.13 its registry holds mm, addmm, bmm, baddbmm, _scaled_mm,
+  convolutions, flex attention and the CUDA fused attention kernels; a bias, a softmax, a norm or
+  an activation counts 0, and so does the CPU's fused attention kernel, shown by running it): the
+  other operations are counted here by a stated convention (``ELEMENTWISE_FLOPS``), and they are
+  under 2% of the total on the shapes ``tests/test_cost.py`` checks.
 - bytes moved, as if every operation read its inputs from memory and wrote its output back once
   (no reuse through the CPU's caches between operations; attention fused as tfcore runs it, its
   scores never stored, unless ``fused_attention=False``): ``weight_bytes`` (the weights it reads:

@@ -27,10 +27,10 @@ oneDNN, each weight is reordered once into oneDNN's blocked layout
 (``torch.ops.mkldnn._reorder_linear_weight`` and ``_linear_pointwise``, the pair that
 ``torch.compile``'s CPU back end emits for a linear layer:
 ``torch/_inductor/fx_passes/mkldnn_fusion.py``). Why, measured (``benchmarks/decoding.py``,
-rows ``"kernel"``, on the 2-core AMD EPYC of this book's runs, busy, each weight read from
+rows ``"kernel"``, on the 2-core x86_64 machine of the committed run, each weight read from
 memory): at one row, ``F.linear`` runs MKL's SGEMM, which read the 20M GPT's weights at 14-19
-GB/s and no faster on two threads; the reordered weights at 17-31 GB/s on one thread (the larger
-the matrix, the faster) and 19-41 GB/s on two.
+GB/s and no faster on two threads; the reordered weights at about 18-36 GB/s on one thread (the
+larger the matrix, the faster) and 19-39 GB/s on two, at a larger fixed cost per call.
 
 On the CPU, ``fixed_shape=False`` (its default there) reads only the filled slots: 256 tokens
 of the 20M GPT after 16 took 3.9 ms a token against 4.2 ms with every slot masked (one thread,
