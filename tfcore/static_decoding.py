@@ -25,8 +25,9 @@ of a layer fused into one ``[3 hidden, hidden]`` matrix (one matrix-vector produ
 three), and no per-step checks. On the CPU it runs eagerly, and in float32, when PyTorch has
 oneDNN, each weight is reordered once into oneDNN's blocked layout
 (``torch.ops.mkldnn._reorder_linear_weight`` and ``_linear_pointwise``, the pair that
-``torch.compile``'s CPU back end emits for a linear layer:
-``torch/_inductor/fx_passes/mkldnn_fusion.py``). Why, measured (``benchmarks/decoding.py``,
+``torch.compile``'s CPU back end emits for a bfloat16 or float16 linear layer,
+``torch/_inductor/fx_passes/mkldnn_fusion.py``; for float32 on an MKL build it emits MKL's packed
+pair, ``torch.ops.mkl._mkl_reorder_linear_weight`` and ``_mkl_linear``, not tried here). Why, measured (``benchmarks/decoding.py``,
 rows ``"kernel"``, on the 2-core x86_64 machine of the committed run, each weight read from
 memory): at one row, ``F.linear`` runs MKL's SGEMM, which read the 20M GPT's weights at 14-19
 GB/s and no faster on two threads; the reordered weights at about 18-36 GB/s on one thread (the
