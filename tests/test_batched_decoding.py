@@ -207,12 +207,17 @@ def test_padded_forward_is_finite_and_the_cache_changes_nothing(kind):
     assert cached_gap(ours, out, mask) < 1e-12
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_an_all_ones_mask_equals_no_mask(kind):
-    reference, ours, ids, _ = pair(kind, torch.float32)
+def assert_all_ones_mask_is_no_mask(reference, ours, ids):
+    """An all-ones mask gives tfcore.generate's tokens without a mask, and transformers' with it."""
     plain = tfcore.generate(ours, ids, NEW)
     assert torch.equal(tfcore.generate(ours, ids, NEW, attention_mask=torch.ones_like(ids)), plain)
     assert torch.equal(plain, reference_generate(reference, ids, torch.ones_like(ids)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_all_ones_mask_equals_no_mask(kind):
+    reference, ours, ids, _ = pair(kind, torch.float32)
+    assert_all_ones_mask_is_no_mask(reference, ours, ids)
 
 
 # --- planted bugs: each check above can fail -----------------------------------------------------
@@ -467,9 +472,7 @@ def test_gemma_and_deepseek_rows_equal_their_prompts_decoded_alone(kind, dtype):
 @pytest.mark.parametrize("kind", H3_KINDS)
 def test_gemma_and_deepseek_all_ones_mask_equals_no_mask_and_a_padded_cache_needs_its_mask(kind):
     reference, ours, ids, mask = h3_pair(kind, torch.float32)
-    plain = tfcore.generate(ours, ids, NEW)
-    assert torch.equal(tfcore.generate(ours, ids, NEW, attention_mask=torch.ones_like(ids)), plain)
-    assert torch.equal(plain, reference_generate(reference, ids, torch.ones_like(ids)))
+    assert_all_ones_mask_is_no_mask(reference, ours, ids)
     cache = ours.new_cache()
     with torch.no_grad():
         ours(ids, cache=cache, attention_mask=mask)
