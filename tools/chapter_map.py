@@ -40,12 +40,13 @@ PARTS = [  # (part, colour, [(number, short title, what you build)]), read left 
                                             (21, "Decoding faster", "speculative decoding, int8"),
                                             (22, "The cost of a token", "roofline, batched decoding")]),
     ("From text to assistant", "#e6f0d0", [(23, "Tokenizer from scratch", "byte-level BPE, as tokenizers"),
-                                           (24, "From LM to assistant", "chat template, LoRA, DPO")]),
-    ("Appendix", "#eeeeee", [(25, "The model in Keras", "checked equal, model.fit")]),
+                                           (24, "From LM to assistant", "chat template, LoRA, DPO"),
+                                           (25, "Reasoning by RL", "GRPO, verifiable rewards")]),
+    ("Appendix", "#eeeeee", [(26, "The model in Keras", "checked equal, model.fit")]),
 ]
 COLUMNS = 4  # parts per row: two rows keep the text legible at the book's column width
-# The reading order: each chapter builds on the last (25 is an appendix).
-EDGES = [(n, n + 1) for n in range(1, 24)]
+# The reading order: each chapter builds on the last (26 is an appendix).
+EDGES = [(n, n + 1) for n in range(1, 25)]
 
 
 def main():
