@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from .gpt import GPT, GPTConfig
 
 __all__ = ["BOOK_GPT", "load_book_gpt", "SPECIAL_TOKENS", "add_chat_tokens", "encode_chat", "TASKS",
-           "make_instruction", "instruction_splits", "loss_mask", "make_batch", "masked_loss",
+           "GRADED_TASKS", "make_instruction", "instruction_splits", "loss_mask", "make_batch", "masked_loss",
            "train_instructions", "exact_match", "greedy_answer", "preference_pairs", "make_pair_batch"]
 
 # ---------------------------------------------------------------------------------------------
@@ -110,6 +110,7 @@ def encode_chat(tokenizer, ids: dict, prompt: str, answer: str) -> tuple[list[in
 # The instruction set, built by code
 
 TASKS = ("digits", "words", "reverse")
+GRADED_TASKS = TASKS + ("sort", "sum")  # chapter 25 adds two: sort the digits, add them up
 SPLIT_SEED = 23  # the data set's own seed: the split stays the same under any TFCORE_SEED
 
 
@@ -127,10 +128,14 @@ def make_instruction(task: str, n: int) -> tuple[str, str]:
         return f"in words: {n}", number_words(n)
     if task == "reverse":
         return f"reverse: {n}", str(n)[::-1]
-    raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+    if task == "sort":
+        return f"sort: {n}", "".join(sorted(str(n)))
+    if task == "sum":
+        return f"digit sum: {n}", str(sum(int(d) for d in str(n)))
+    raise ValueError(f"unknown task {task!r}; choose one of {GRADED_TASKS}")
 
 
-def instruction_splits(numbers: range = range(1000), fractions=(0.7, 0.15)) -> dict:
+def instruction_splits(numbers: range = range(1000), fractions=(0.7, 0.15), tasks=TASKS) -> dict:
     """``{"train" | "validation" | "test": [(task, n, prompt, answer), ...]}``: every task on every
     number, split by the NUMBER (the underlying item), so that a test number is the subject of no
     training instruction of any task. It can still be a training reply: "reverse: 243" answers 342
@@ -140,7 +145,7 @@ def instruction_splits(numbers: range = range(1000), fractions=(0.7, 0.15)) -> d
     n_train, n_validation = int(fractions[0] * len(items)), int(fractions[1] * len(items))
     groups = {"train": items[:n_train], "validation": items[n_train:n_train + n_validation],
               "test": items[n_train + n_validation:]}
-    return {split: [(task, n, *make_instruction(task, n)) for n in sorted(group) for task in TASKS]
+    return {split: [(task, n, *make_instruction(task, n)) for n in sorted(group) for task in tasks]
             for split, group in groups.items()}
 
 
