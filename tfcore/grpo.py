@@ -184,7 +184,8 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Te
       weight clipped but every token's gradient kept, then ``"dapo"``'s average.
 
     The statistics: ``clipped``, the share of tokens whose clipped term is the one in force (it
-    passes no gradient); ``kl``, the mean k3 estimate over tokens.
+    passes no gradient), or for ``"cispo"`` whose weight is capped (they keep their gradient);
+    ``kl``, the mean k3 estimate over tokens.
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"unknown loss_type {loss_type!r}; choose one of {LOSS_TYPES}")

@@ -41,7 +41,7 @@ PARTS = [  # (part, colour, [(number, short title, what you build)]), read left 
                                             (22, "The cost of a token", "roofline, batched decoding")]),
     ("From text to assistant", "#e6f0d0", [(23, "Tokenizer from scratch", "byte-level BPE, as tokenizers"),
                                            (24, "From LM to assistant", "chat template, LoRA, DPO"),
-                                           (25, "Reasoning by RL", "GRPO, verifiable rewards")]),
+                                           (25, "RL from a grader", "GRPO, verifiable rewards")]),
     ("Appendix", "#eeeeee", [(26, "The model in Keras", "checked equal, model.fit")]),
 ]
 COLUMNS = 4  # parts per row: two rows keep the text legible at the book's column width
