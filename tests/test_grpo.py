@@ -601,3 +601,44 @@ def test_planted_bug_forgotten_no_grad_is_caught(book_chat, monkeypatch):
 
     monkeypatch.setattr(torch, "no_grad", contextlib.nullcontext)  # train_grpo's `with torch.no_grad():` does nothing
     assert not _reference_calls_without_grad(book_chat, monkeypatch)
+
+
+def _advantages_seen(book_chat, monkeypatch, **kwargs):
+    seen, original = [], grpo.grpo_loss
+
+    def loss(logps, old, advantages, *args):
+        seen.append(advantages.clone())
+        return original(logps, old, advantages, *args)
+
+    monkeypatch.setattr(grpo, "grpo_loss", loss)
+    history = _train(book_chat, **kwargs)[3]
+    monkeypatch.undo()
+    return seen, history
+
+
+def test_the_interventions_of_chapter_25_change_what_they_name(book_chat, monkeypatch):
+    """center=False uses the raw rewards; reward="contains" trains on the lax grader; iterations=k
+    takes k loss steps per batch; an unknown reward is refused."""
+    centred, _ = _advantages_seen(book_chat, monkeypatch)
+    assert all(a.view(-1, 3).sum(dim=1).abs().max() < 1e-3 for a in centred)  # groups of 3 sum to zero
+    raw, history = _advantages_seen(book_chat, monkeypatch, center=False)
+    assert all((a >= 0).all() for a in raw)  # rewards, not centred: never negative
+    assert [float(a.mean()) for a in raw] == pytest.approx([h["reward"] for h in history])
+    _, lax = _advantages_seen(book_chat, monkeypatch, reward="contains")
+    assert [h["reward"] for h in lax] == [h["contains"] for h in lax]
+    repeated, _ = _advantages_seen(book_chat, monkeypatch, iterations=2)
+    assert len(repeated) == 6 and all(torch.equal(repeated[i], repeated[i + 1]) for i in (0, 2, 4))
+    with pytest.raises(ValueError, match="reward must be"):
+        _train(book_chat, reward="format")
+
+
+def test_planted_bug_centering_ignored_is_caught(book_chat, monkeypatch):
+    """If train_grpo ignored center=False, the advantages would be centred: the check above fails."""
+    original = grpo.train_grpo
+
+    def ignores_center(*args, center=True, **kwargs):
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(grpo, "train_grpo", ignores_center)
+    raw, _ = _advantages_seen(book_chat, monkeypatch, center=False)
+    assert not all((a >= 0).all() for a in raw)
