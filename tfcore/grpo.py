@@ -184,7 +184,8 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Te
       weight clipped but every token's gradient kept, then ``"dapo"``'s average.
 
     The statistics: ``clipped``, the share of tokens whose clipped term is the one in force (it
-    passes no gradient), or for ``"cispo"`` whose weight is capped (they keep their gradient);
+    passes no gradient), or for ``"cispo"`` whose weight is capped and whose advantage is positive
+    (trl's ``cispo_clip_ratio``; capped tokens keep their gradient);
     ``kl``, the mean k3 estimate over tokens.
     """
     if loss_type not in LOSS_TYPES:
