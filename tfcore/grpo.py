@@ -101,7 +101,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
     """``rewards [B]`` (``B / group_size`` groups in consecutive rows) -> advantages ``[B]``: each
     reward minus its group's mean, divided by ``std + 1e-4`` (Bessel-corrected) of its group
     (``scale="group"``, GRPO), of the whole batch (``"batch"``), or not at all (``"none"``, Dr. GRPO).
-    A group whose rewards are all equal gets zero advantages: it teaches nothing."""
+    A group whose rewards are all equal gets zero advantages: its rewards teach nothing."""
     if scale not in ("group", "batch", "none"):
         raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
     if rewards.dim() != 1 or group_size < 2 or len(rewards) % group_size:
