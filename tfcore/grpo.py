@@ -39,7 +39,8 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
 
 
 def load_book_chat():
-    """Chapter 24's assistant tuned on the five graded tasks (``tools/train_book_chat.py``): returns
+    """An assistant made as chapter 24's was (chapter 14's GPT with the chat tokens, §24.4's recipe),
+    tuned on the five graded tasks (``tools/train_book_chat.py``): returns
     ``(tokenizer with the chat tokens, {token: id}, model in eval mode, the file's metadata)``."""
     from safetensors import safe_open
     from safetensors.torch import load_file
