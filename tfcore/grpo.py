@@ -30,7 +30,7 @@ from math import comb
 import torch
 
 from .generation import generate
-from .instruct import ASSISTANT, END, GRADED_TASKS, SPECIAL_TOKENS, USER, make_instruction
+from .instruct import ASSISTANT, END, SPECIAL_TOKENS, USER, make_instruction
 
 __all__ = ["LOSS_TYPES", "load_book_chat", "grade", "score", "group_advantages", "sample_groups",
            "completion_logprobs", "grpo_loss", "pass_at_k", "train_grpo", "evaluate"]
