@@ -195,6 +195,17 @@ def delta_rule_recurrent(q, k, v, beta, *, initial_state=None, scale=None, use_q
 
 # ----------------------------------------------------------------------------- the gated delta rule
 
+def _gated_inputs(q, k, v, g, beta, initial_state, scale, use_qk_l2norm):
+    """The gated rule's checks, its initial state and its prepared q, k: (q, k, S, (B, H, T, d_v))."""
+    B, H, T, d_k, d_v = _check_qkv(q, k, v)
+    _check_per_position("g", g, B, H, T, v.dtype)
+    _check_per_position("beta", beta, B, H, T, v.dtype)
+    _check_log_decay(g)
+    S = _delta_state(initial_state, B, H, d_k, d_v, v)
+    q, k = _prepare_qk(q, k, d_k, scale, use_qk_l2norm)
+    return q, k, S, (B, H, T, d_v)
+
+
 def gated_delta_step(q_t, k_t, v_t, g_t, beta_t, S):
     """One position of the gated delta rule on prepared q, k (scaled, normalised): decay, then correct, then read.
 
@@ -217,12 +228,7 @@ def gated_delta_rule_recurrent(q, k, v, g, beta, *, initial_state=None, scale=No
     transformers' ``torch_recurrent_gated_delta_rule``. Unlike it, this computes in the inputs' dtype
     (it casts to float32). Returns (output [B, H, T, d_v], S_T [B, H, d_k, d_v]).
     """
-    B, H, T, d_k, d_v = _check_qkv(q, k, v)
-    _check_per_position("g", g, B, H, T, v.dtype)
-    _check_per_position("beta", beta, B, H, T, v.dtype)
-    _check_log_decay(g)
-    S = _delta_state(initial_state, B, H, d_k, d_v, v)
-    q, k = _prepare_qk(q, k, d_k, scale, use_qk_l2norm)
+    q, k, S, (B, H, T, d_v) = _gated_inputs(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
     out = []
     for t in range(T):
         o, S = gated_delta_step(q[:, :, t], k[:, :, t], v[:, :, t], g[:, :, t], beta[:, :, t], S)
@@ -268,12 +274,7 @@ def gated_delta_rule_chunked(q, k, v, g, beta, *, chunk_size=64, initial_state=N
         ok = False
     if not ok:
         raise ValueError(f"chunk_size must be a whole number >= 1, got {chunk_size!r}")
-    B, H, T, d_k, d_v = _check_qkv(q, k, v)
-    _check_per_position("g", g, B, H, T, v.dtype)
-    _check_per_position("beta", beta, B, H, T, v.dtype)
-    _check_log_decay(g)
-    S = _delta_state(initial_state, B, H, d_k, d_v, v)
-    q, k = _prepare_qk(q, k, d_k, scale, use_qk_l2norm)
+    q, k, S, (B, H, T, d_v) = _gated_inputs(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
     out = []
     for s in range(0, T, chunk_size):
         c = slice(s, min(s + chunk_size, T))
