@@ -15,7 +15,7 @@ BOOK_TESTS = {"tests/test_book.py", "tests/test_browser.py"}
 
 
 def _rank(nodeid: str) -> int:
-    """The longest units first (chapters 8, 24 and 10 train for one to two and a half minutes
+    """The longest units first (chapters 8, 25 and 10 train for one to two and a half minutes
     each), then the other runs of whole chapters and the built book, then the notebooks, then
     everything else, so that no worker is left alone with a long unit at the end while the
     other core idles (each worker has one thread)."""

@@ -1,5 +1,5 @@
 """The cost of a token, measured: greedy decoding against the memory-bandwidth bound, where a
-decoding step's time goes, and batched decoding's throughput (chapter 22). Key ``decoding``.
+decoding step's time goes, and batched decoding's throughput (chapter 23). Key ``decoding``.
 
 A decoding step of batch 1 reads every weight once and does 2 FLOPs per weight: far too little
 arithmetic per byte for the multiply units to be the limit (``tfcore.cost``, ``benchmarks/roofline.py``).

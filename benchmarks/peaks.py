@@ -1,6 +1,6 @@
-"""The machine's measured peaks: matrix-multiply FLOP/s and memory bandwidth (chapter 22).
+"""The machine's measured peaks: matrix-multiply FLOP/s and memory bandwidth (chapter 23).
 
-Key ``peaks``. Chapter 22 holds a decoder's passes against these two numbers (``benchmarks/roofline.py``
+Key ``peaks``. Chapter 23 holds a decoder's passes against these two numbers (``benchmarks/roofline.py``
 measures them again in its own run, with the functions below, so that its bounds come from the same
 run). Each row, by ``what``:
 

@@ -1,5 +1,5 @@
 """A decoder's passes held against the roofline: counted FLOPs and bytes, measured seconds, and the
-bound of the same run's peaks (chapter 22).
+bound of the same run's peaks (chapter 23).
 
 Key ``roofline``. The model is the benchmark's 20M GPT (``GENERATION_MODELS["20M"]``: GPT-2's
 wiring, 384 wide, 10 layers, 6 heads, vocabulary 8192; ``tfcore.GPT`` with random weights, float32),
@@ -42,8 +42,8 @@ Rows, by ``kind``:
   8 experts of 512 with 2 per token, against a dense Llama of its active size, one SwiGLU of
   1024, and of its total size, one of 4096; decode steps at 64 cached positions, batch 1 and 64).
 - ``"cost only"``: no time; the counted FLOPs and bytes of passes timed under the key
-  ``speculative`` (chapter 21's target: its cached pass over 1..7 new tokens after 40 positions,
-  and its forward pass over 8 x 128 tokens in float32 and with int8 weights), for chapter 22 to
+  ``speculative`` (chapter 22's target: its cached pass over 1..7 new tokens after 40 positions,
+  and its forward pass over 8 x 128 tokens in float32 and with int8 weights), for chapter 23 to
   join with those times (``what`` as there).
 
 Every timed row has: ``kind``, ``what`` (a label), ``model``, ``batch``, ``new``, ``cached``,
@@ -286,7 +286,7 @@ def _techniques(sizes, grid, timed, gpt, config, name, device) -> list[dict]:
 
 
 def _speculative_costs() -> list[dict]:
-    """The counted cost of the passes the key ``speculative`` times (chapter 21's target)."""
+    """The counted cost of the passes the key ``speculative`` times (chapter 22's target)."""
     import tfcore
     from tfcore.cost import forward_cost
     from tfcore.speculative import DECODING_MODELS
@@ -297,7 +297,7 @@ def _speculative_costs() -> list[dict]:
     rows = []
     for what, batch, new, cached, weights in passes:
         cost = forward_cost(config, batch, new, cached, torch.float32, weights, use_cache=cached > 0)
-        rows.append(dict(kind="cost only", what=what, model="chapter 21's target", batch=batch, new=new, cached=cached,
+        rows.append(dict(kind="cost only", what=what, model="chapter 22's target", batch=batch, new=new, cached=cached,
                          dtype="float32", weights=weights or "float32", flops=cost["flops"],
                          matmul_flops=cost["matmul_flops"], bytes=cost["bytes"], weight_bytes=cost["weight_bytes"],
                          cache_bytes=cost["cache_read_bytes"] + cost["cache_write_bytes"],

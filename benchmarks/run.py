@@ -42,9 +42,9 @@ implementations taking turns so that a change in the machine's load hits them al
 - ``per_token`` (generation.py): the cost of one new token at a given position: one cached step, against one
   full forward pass over every position so far.
 
-Decoding faster (chapter 21):
+Decoding faster (chapter 22):
 
-- ``speculative`` (speculative.py): the book-prose target of chapter 21 (``tfcore.speculative.load_decoding_model``)
+- ``speculative`` (speculative.py): the book-prose target of chapter 22 (``tfcore.speculative.load_decoding_model``)
   generating 96 greedy tokens after 16 with its KV cache (``tfcore.generate``), against speculative
   greedy decoding with the draft proposing k = 1..6 tokens per round (the same tokens asserted),
   and the draft alone; with each k, the proposals accepted and checked. The target's cached pass
@@ -63,7 +63,7 @@ FlashAttention (chapter 17):
   (``sdpa_kernel(SDPBackend.FLASH_ATTENTION / EFFICIENT_ATTENTION / MATH)``); a case that a backend
   refuses, or that runs out of memory, is recorded with ``refused`` instead of a time.
 
-The cost of a token (chapter 22):
+The cost of a token (chapter 23):
 
 - ``peaks`` (peaks.py): the machine's measured peaks, at 1 thread and at the run's thread count: the
   FLOP/s of a large square product in float32, bfloat16 and float16, and the bytes per second of

@@ -1,4 +1,4 @@
-"""Decoding faster: speculative greedy decoding and int8 weights, on chapter 21's target and draft.
+"""Decoding faster: speculative greedy decoding and int8 weights, on chapter 22's target and draft.
 
 Key ``speculative``: the target's cached greedy decoding against speculative decoding with k = 1..6
 proposals per round (same tokens asserted) and the draft alone; the target's cached pass over 1 to
@@ -17,7 +17,7 @@ from .common import _take_turns
 
 
 def speculative(ks, new_tokens: int, repeats: int, pass_repeats: int, device) -> list[dict]:
-    """Chapter 21: the book-prose target's cached greedy decoding, against speculative greedy decoding
+    """Chapter 22: the book-prose target's cached greedy decoding, against speculative greedy decoding
     with the draft proposing k tokens per round (same tokens asserted); the target's cached pass
     over 1..7 new tokens (``pass_repeats`` turns, median); and the target's forward pass with
     float32 and with int8 weights."""
@@ -29,7 +29,7 @@ def speculative(ks, new_tokens: int, repeats: int, pass_repeats: int, device) ->
     from tfcore.speculative import decoding_data, load_decoding_model, speculative_generate, truncate_cache
 
     # On the CPU, this thread's CPU time (run with --threads 1): a busy, shared machine does not
-    # count the moments the thread waits (as chapter 20 times its layers)
+    # count the moments the thread waits (as chapter 21 times its layers)
     clock = {"timer": time.thread_time} if device == "cpu" and torch.get_num_threads() == 1 else {}
     target, draft = (load_decoding_model(name)[0].to(device) for name in ("target", "draft"))
     data = decoding_data()

@@ -10,7 +10,7 @@ import torch
 def widen(model):
     """Redraw a transformers model's random weights larger (norms in [0.5, 1.5], embeddings N(0, 0.3²),
     every matrix N(0, 1/fan_in)) and DeepSeek's expert-choice biases N(0, 0.1²), so that routing and
-    greedy tokens vary and a misplaced weight moves the logits (as chapters 16, 19 and 20 do)."""
+    greedy tokens vary and a misplaced weight moves the logits (as chapters 16, 19 and 21 do)."""
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "norm" in name:

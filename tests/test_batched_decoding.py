@@ -326,7 +326,7 @@ def test_planted_nan_for_a_padded_query_breaks_the_finite_check(kind, monkeypatc
 
 # ==================================================================================================
 # Gemma 3 and DeepSeek-V3 (helper H3): tfcore.Gemma with its rolling cache (chapter 18), tfcore.DeepseekV3
-# with its latent cache, expanded and absorbed (chapter 19), and DeepseekV3WithExperts (chapter 20).
+# with its latent cache, expanded and absorbed (chapter 19), and DeepseekV3WithExperts (chapter 21).
 # The references are the float64 port tests' configurations (tests/test_gemma.py, tests/test_mla.py,
 # tests/test_moe.py), every option off its default and every parameter random, drawn in float64;
 # float32 is the same model rounded. Gemma's window (3) is far shorter than the 11 + 12 columns, so
@@ -605,7 +605,7 @@ def test_positions_from_the_padded_columns_show_in_the_float64_logits_only(kind,
 # ----------------------------------------------------------------------------------------------
 # bfloat16: the rotary angles are computed in float32 and handed to the layers in the model's
 # dtype, as transformers' rotary embeddings return them; before, a bfloat16 Llama, Gemma or
-# DeepSeek-V3 met float32 queries and keys and raised (chapter 22 runs bfloat16 weights).
+# DeepSeek-V3 met float32 queries and keys and raised (chapter 23 runs bfloat16 weights).
 
 @pytest.mark.parametrize("kind", [*KINDS, *H3_KINDS])
 def test_ports_run_in_bfloat16_as_close_to_transformers_as_its_own_rounding(kind):

@@ -67,7 +67,7 @@ def test_smoke_run_writes_results_and_plot(tmp_path):
     assert all(r["same_tokens"] for what, r in speculative.items() if what.startswith("speculative"))
     passes = [r for r in results["speculative"] if r["part"] == "pass"]
     assert sorted(r["new_tokens"] for r in passes) == list(range(1, 8)) and all(r["seconds"] > 0 for r in passes)
-    # chapter 22: the machine's peaks and the roofline rows (schemas in benchmarks/peaks.py and roofline.py)
+    # chapter 23: the machine's peaks and the roofline rows (schemas in benchmarks/peaks.py and roofline.py)
     assert {(r["what"], r["dtype"]) for r in results["peaks"]} == {("matmul", "float32"), ("matmul", "bfloat16"),
                                                                   ("matmul", "float16"), ("read", "float32"),
                                                                   ("copy", "float32")}
@@ -83,7 +83,7 @@ def test_smoke_run_writes_results_and_plot(tmp_path):
     assert {(r["technique"], r["variant"]) for r in roofline if r["kind"] == "technique"} == ROOFLINE_TECHNIQUES
     costed = {r["what"] for r in roofline if r["kind"] == "cost only"}
     assert costed <= {r["what"] for r in results["speculative"]} and len(costed) == 9  # joined with its times
-    # chapter 22: decoding against the bandwidth bound, kernels, profile, batches (schema in benchmarks/decoding.py)
+    # chapter 23: decoding against the bandwidth bound, kernels, profile, batches (schema in benchmarks/decoding.py)
     decoding = results["decoding"]
     assert {r["part"] for r in decoding} == {"single", "kernel", "profile", "batched"}
     single = [r for r in decoding if r["part"] == "single"]
@@ -215,14 +215,14 @@ def test_committed_flash_rows_chapter_17_reads(committed):
         assert all((r["seconds"] is None) == (r["refused"] is not None) for r in cuda)
 
 
-def test_committed_speculative_rows_chapter_21_reads(committed):
+def test_committed_speculative_rows_chapter_22_reads(committed):
     rows = {r["what"]: r for r in committed["speculative"] if r["device"] == "cpu"}
     ks = [rows[f"speculative, k={k}"] for k in range(1, 7)]
     assert all(r["same_tokens"] and 0 <= r["accepted"] <= r["checked"] <= r["proposed"] for r in ks)
     best = max(rows["target greedy (cached)"]["seconds"] / r["seconds"] for r in ks)
     assert best >= 1.5, best  # the issue's target: 1.5x over plain cached greedy, same tokens
     assert {"target forward, float32", "target forward, int8 weights (tfcore)"} <= set(rows)
-    # §21.5 puts the cost of the target's cached pass over k + 1 tokens into Leviathan et al.'s formula
+    # §22.5 puts the cost of the target's cached pass over k + 1 tokens into Leviathan et al.'s formula
     passes = {r["new_tokens"]: r for r in committed["speculative"] if r["device"] == "cpu" and r["part"] == "pass"}
     assert sorted(passes) == list(range(1, 8)) and all(r["cached"] == 40 and r["seconds"] > 0 for r in passes.values())
 
@@ -267,7 +267,7 @@ def _roofline(committed):
     return [r for r in committed["roofline"] if r["device"] == "cpu"]
 
 
-def test_committed_roofline_claims_of_chapter_22(committed):
+def test_committed_roofline_claims_of_chapter_23(committed):
     rows = _roofline(committed)
     timed = [r for r in rows if r["kind"] in ("prefill", "decode")]
     # the 20M GPT's weights (84 MB in float32) do not fit the last-level cache: no pass beats its bound
@@ -290,7 +290,7 @@ def _decoding(committed, part):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_committed_static_decoding_reaches_about_half_the_bandwidth_bound(committed, threads):
-    """What chapter 22 reads from the committed run: greedy decoding of the 20M GPT, same tokens by
+    """What chapter 23 reads from the committed run: greedy decoding of the 20M GPT, same tokens by
     every path, and the static cache at about half of the bound that the run measures at the same
     thread count (the weights' bytes over the read bandwidth), well above both generates.
 
@@ -325,7 +325,7 @@ def test_committed_batched_decoding_throughput(committed):
     assert speedup >= 10, speedup
 
 
-def test_committed_decoding_rows_chapter_22_reads(committed):
+def test_committed_decoding_rows_chapter_23_reads(committed):
     kernel = {(r["what"], r["layer"], r["threads"]) for r in _decoding(committed, "kernel")}
     layers = {layer for _, layer, _ in kernel}
     assert kernel == {(what, layer, t) for what in DECODING_KERNEL_CASES for layer in layers for t in (1, 2)}

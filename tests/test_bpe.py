@@ -1,4 +1,4 @@
-"""tfcore.bpe (chapter 23): our byte-level BPE equals the `tokenizers` library's, and each planted bug
+"""tfcore.bpe (chapter 24): our byte-level BPE equals the `tokenizers` library's, and each planted bug
 (a merge applied out of rank order, a tie broken the other way, counts not updated after a merge, the
 pre-tokeniser without the leading-space rule) breaks that equality."""
 

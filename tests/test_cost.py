@@ -1,4 +1,4 @@
-"""tfcore.cost (chapter 22): the FLOP formulas against PyTorch's FLOP counter, the byte formulas
+"""tfcore.cost (chapter 23): the FLOP formulas against PyTorch's FLOP counter, the byte formulas
 against the sizes of real tensors, the published models' sizes, planted bugs and bad input."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""The speed changes made to tfcore's decoding path for chapter 22 keep its behaviour: each
+"""The speed changes made to tfcore's decoding path for chapter 23 keep its behaviour: each
 replacement gives the answers of what it replaced, and a planted bug in it is caught."""
 
 import itertools

@@ -616,7 +616,7 @@ def _advantages_seen(book_chat, monkeypatch, **kwargs):
     return seen, history
 
 
-def test_the_interventions_of_chapter_25_change_what_they_name(book_chat, monkeypatch):
+def test_the_interventions_of_chapter_26_change_what_they_name(book_chat, monkeypatch):
     """center=False uses the raw rewards; reward="contains" trains on the lax grader; iterations=k
     takes k loss steps per batch; an unknown reward is refused."""
     centred, _ = _advantages_seen(book_chat, monkeypatch)

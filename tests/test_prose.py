@@ -166,8 +166,8 @@ def test_how_to_run_names_the_chapters_that_read_the_clock():
 
 
 def test_a_stale_clock_sentence_is_found():
-    stale = "time nothing on your machine. Only chapter 23 reads the clock, and it prints"
-    assert "[21, 23] read the clock" in _clock_sentence_problem(stale, NOTEBOOKS)
+    stale = "time nothing on your machine. Only chapter 24 reads the clock, and it prints"
+    assert "[22, 24] read the clock" in _clock_sentence_problem(stale, NOTEBOOKS)
 
 
 # --- the model inventory (book/models.md) names every model class a chapter imports or names ------
@@ -415,5 +415,5 @@ def test_a_wrong_prerequisite_is_found():
     assert parent[17] == 13 and parent[10] == 9
     assert "chapter 17 is drawn on chapter 6, which it never names" in prerequisite_problems(
         parent | {17: 6}, NOTEBOOKS)
-    assert "chapter 21's opening links chapters [15], not on its path" in prerequisite_problems(
-        parent | {21: 14}, NOTEBOOKS)
+    assert "chapter 22's opening links chapters [15], not on its path" in prerequisite_problems(
+        parent | {22: 14}, NOTEBOOKS)

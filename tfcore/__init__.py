@@ -21,15 +21,15 @@ keeps the version later chapters import, and a test keeps the two in agreement.
 - ``sliding``: the sliding-window mask and the rolling KV cache of local layers (chapter 18)
 - ``gemma``: Gemma 3's text model, local and global layers, QK-norm, portable from transformers (chapter 18)
 - ``mla``: multi-head latent attention, its latent cache and absorbed form, a dense DeepSeek-V3 (chapter 19)
-- ``moe``: routers, gates and experts, Mixtral and DeepSeek-V3 with experts, load balancing (chapter 20)
-- ``speculative``: speculative decoding, greedy and sampled, with a draft model (chapter 21)
-- ``quantization``: per-channel symmetric int8 weights for linear layers (chapter 21)
-- ``cost``: FLOPs and bytes of each operation of a decoder, arithmetic intensity, the roofline (chapter 22)
-- ``bpe``: byte-level BPE from scratch, trained and applied as the ``tokenizers`` library does (chapter 23)
-- ``instruct``: chapter 14's GPT as shipped, a chat template, an instruction set, the answer-only loss (chapter 24)
-- ``lora``: low-rank adapters beside frozen linear layers, and merging them (chapter 24)
-- ``dpo``: sequence log-probabilities and the DPO loss, with its implicit rewards (chapter 24)
-- ``stats``: the Wilson interval and the exact McNemar test (chapters 8 and 24)
+- ``moe``: routers, gates and experts, Mixtral and DeepSeek-V3 with experts, load balancing (chapter 21)
+- ``speculative``: speculative decoding, greedy and sampled, with a draft model (chapter 22)
+- ``quantization``: per-channel symmetric int8 weights for linear layers (chapter 22)
+- ``cost``: FLOPs and bytes of each operation of a decoder, arithmetic intensity, the roofline (chapter 23)
+- ``bpe``: byte-level BPE from scratch, trained and applied as the ``tokenizers`` library does (chapter 24)
+- ``instruct``: chapter 14's GPT as shipped, a chat template, an instruction set, the answer-only loss (chapter 25)
+- ``lora``: low-rank adapters beside frozen linear layers, and merging them (chapter 25)
+- ``dpo``: sequence log-probabilities and the DPO loss, with its implicit rewards (chapter 25)
+- ``stats``: the Wilson interval and the exact McNemar test (chapters 8 and 25)
 - ``viz``: bertviz's neuron, head and model views (import ``tfcore.viz``)
 - ``diagrams``: schematic figures of attention, heads and layers, drawn with matplotlib (import ``tfcore.diagrams``)
 """
@@ -172,7 +172,7 @@ __all__ = [
     "truncate_cache",
     "update_choice_bias",
     "wilson_interval",
-    # tfcore.cost (chapter 22)
+    # tfcore.cost (chapter 23)
     "arithmetic_intensity",
     "counted_flops",
     "decoder_ops",

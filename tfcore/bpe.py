@@ -1,4 +1,4 @@
-"""Byte-level BPE written out (chapter 23): GPT-2's tokenizer, trained and applied from scratch.
+"""Byte-level BPE written out (chapter 24): GPT-2's tokenizer, trained and applied from scratch.
 
 Byte-pair encoding (Gage, 1994; Sennrich et al., 2016) on the bytes of UTF-8 text, as in GPT-2
 (Radford et al., 2019):
@@ -19,7 +19,7 @@ when the best pair is seen fewer than ``min_frequency`` times; a special token w
 text is counted there as ordinary text (encoding never splits it).
 
 ``train`` updates the pair counts only in the words a merge touched; ``train_naive`` recounts every
-pair after every merge (same merges, slower; chapter 23 times both).
+pair after every merge (same merges, slower; chapter 24 times both).
 """
 
 from __future__ import annotations

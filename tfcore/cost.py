@@ -1,5 +1,5 @@
 """The cost of a token: FLOPs and bytes of each operation of a decoder, arithmetic intensity and the
-roofline (chapter 22).
+roofline (chapter 23).
 
 One forward pass runs ``batch`` rows of ``new`` tokens after ``cached`` positions: ``T = batch x new``
 tokens, each attending to ``S = cached + new`` keys. ``decoder_ops`` lists every operation of that

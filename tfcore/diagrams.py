@@ -626,11 +626,11 @@ def decoder_only_diagram(kinds=("gpt2", "llama"), *, changes=False) -> Diagram:
 
 
 def chat_template_figure(tokenizer, ids: dict, prompt: str, answer: str):
-    """Chapter 24: draw one example in the chat template: its input tokens on top, below each one its target (the
+    """Chapter 25: draw one example in the chat template: its input tokens on top, below each one its target (the
     next token), and which targets the loss takes (``loss_mask``). Returns the matplotlib figure."""
     import matplotlib.pyplot as plt
 
-    from . import instruct  # chapter 24's template; read at call time
+    from . import instruct  # chapter 25's template; read at call time
 
     sequence, start = instruct.encode_chat(tokenizer, ids, prompt, answer)
     in_loss = instruct.loss_mask(len(sequence), start).tolist()

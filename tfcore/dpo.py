@@ -1,4 +1,4 @@
-"""Direct preference optimisation (Rafailov et al., 2023), written out (chapter 24).
+"""Direct preference optimisation (Rafailov et al., 2023), written out (chapter 25).
 
 For a prompt x, a preferred answer y_w and a rejected one y_l, with the policy pi being trained and a
 frozen reference pi_ref, the DPO loss (the paper's eq. 7) is

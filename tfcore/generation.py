@@ -5,7 +5,7 @@ A model here is anything called as ``model(input_ids [B, L], cache=None)`` that 
 ``[B, L, vocab]`` and has ``new_cache()`` and ``max_positions``: ``tfcore.GPT``, ``tfcore.Llama``,
 ``tfcore.Mixtral``, ``tfcore.Gemma`` and ``tfcore.DeepseekV3``. A batch of prompts of different lengths
 is padded on the left and needs a model whose forward also takes ``attention_mask``
-(``tfcore.gpt.positions_and_mask``); all five do (chapter 22).
+(``tfcore.gpt.positions_and_mask``); all five do (chapter 23).
 """
 
 from __future__ import annotations

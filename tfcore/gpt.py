@@ -248,7 +248,7 @@ class GPT(nn.Module):
             # The weight [out, in] is the transpose of a copy of Conv1D's [in, out] storage: the same
             # numbers, kept in GPT-2's memory layout, so each product runs the kernel transformers runs.
             # At one row (a decode step) MKL read this layout faster than a contiguous [out, in]:
-            # benchmarks/decoding.py's "kernel" rows, and chapter 22.
+            # benchmarks/decoding.py's "kernel" rows, and chapter 23.
             target.weight = nn.Parameter(weight.detach().clone().t())
             target.bias.copy_(bias)
 

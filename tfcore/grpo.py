@@ -1,5 +1,5 @@
 """Group relative policy optimisation (GRPO; Shao et al., 2024) on tasks the code can grade
-(chapter 25).
+(chapter 26).
 
 For each prompt the policy samples a group of ``G`` completions; a reward function scores each; the
 advantage of completion ``i`` is its reward standardised within its group,
@@ -14,7 +14,7 @@ and every token of completion ``i`` shares it. With the ratio ``rho = pi(token) 
 
 (``exp(q) - q - 1 >= 0`` is Schulman's "k3" estimate of KL(pi || pi_ref) from the sampled token;
 trl 1.16 multiplies it by the ratio unless ``use_bias_correction_kl=False``, the setting under
-which chapter 25 and ``tests/test_grpo.py`` check the two equal).
+which chapter 26 and ``tests/test_grpo.py`` check the two equal).
 ``loss_type`` says how the per-token losses become one number (``grpo_loss``); ``"cispo"`` changes
 the per-token loss itself. Shapes: per-token tensors ``[B, C]`` over the ``C`` completion positions,
 ``mask [B, C]`` True on real completion tokens (up to and including ``<|end|>``), rewards and
@@ -39,7 +39,7 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
 
 
 def load_book_chat():
-    """An assistant made as chapter 24's was (chapter 14's GPT with the chat tokens, §24.4's recipe),
+    """An assistant made as chapter 25's was (chapter 14's GPT with the chat tokens, §25.4's recipe),
     tuned on the five graded tasks (``tools/train_book_chat.py``): returns
     ``(tokenizer with the chat tokens, {token: id}, model in eval mode, the file's metadata)``."""
     from safetensors import safe_open
@@ -78,7 +78,7 @@ def score(tokenizer, ids: dict, problems, completions: torch.Tensor, mask: torch
 
     ``format`` is 1 when the completion closes with ``<|end|>`` (within the ``C`` tokens allowed);
     ``correct`` is 1 when it does and the text before ``<|end|>`` is the right answer. Also
-    ``"contains"``, a lax grader that chapter 25 shows being gamed: 1 when the right answer appears
+    ``"contains"``, a lax grader that chapter 26 shows being gamed: 1 when the right answer appears
     anywhere in the text, closed or not."""
     if len(problems) != len(completions):
         raise ValueError(f"{len(problems)} problems for {len(completions)} completions: give one "

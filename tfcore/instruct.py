@@ -1,5 +1,5 @@
 """From a language model to an assistant: a chat template, an instruction set built by code, the
-loss on the answer tokens only, and exact-match evaluation (chapter 24).
+loss on the answer tokens only, and exact-match evaluation (chapter 25).
 
 The model is chapter 14's GPT (``load_book_gpt``), with three special tokens added to chapter 14's
 byte-level BPE and three rows added to its embedding matrix (``add_chat_tokens``). One example is
@@ -110,7 +110,7 @@ def encode_chat(tokenizer, ids: dict, prompt: str, answer: str) -> tuple[list[in
 # The instruction set, built by code
 
 TASKS = ("digits", "words", "reverse")
-GRADED_TASKS = TASKS + ("sort", "sum")  # chapter 25 adds two: sort the digits, add them up
+GRADED_TASKS = TASKS + ("sort", "sum")  # chapter 26 adds two: sort the digits, add them up
 SPLIT_SEED = 23  # the data set's own seed: the split stays the same under any TFCORE_SEED
 
 
@@ -139,7 +139,7 @@ def instruction_splits(numbers: range = range(1000), fractions=(0.7, 0.15), task
     """``{"train" | "validation" | "test": [(task, n, prompt, answer), ...]}``: every task on every
     number, split by the NUMBER (the underlying item), so that a test number is the subject of no
     training instruction of any task. It can still be a training reply: "reverse: 243" answers 342
-    (chapter 24 counts these)."""
+    (chapter 25 counts these)."""
     items = list(numbers)
     random.Random(SPLIT_SEED).shuffle(items)
     n_train, n_validation = int(fractions[0] * len(items)), int(fractions[1] * len(items))

@@ -191,7 +191,7 @@ class GroupedQueryAttention(nn.Module):
             # Key/value head j serves query heads j*group .. (j+1)*group - 1. Rather than copy the keys
             # and values out to every query head, stack each group's queries as the rows of one head,
             # [B, H, L, d] -> [B, H_kv, group * L, d] (row g*L + l is head j*group + g at position l),
-            # so that a step reads each cached key and value once (chapter 22 measures it).
+            # so that a step reads each cached key and value once (chapter 23 measures it).
             q = q.reshape(batch, self.num_kv_heads, group * length, self.head_dim)
             if mask is not None and mask.shape[-2] > 1:  # one row per position: one per stacked row
                 mask = mask.repeat(*[1] * (mask.dim() - 2), group, 1)

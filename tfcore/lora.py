@@ -1,4 +1,4 @@
-"""LoRA: a low-rank adapter beside a frozen linear layer (Hu et al., 2021), written out (chapter 24).
+"""LoRA: a low-rank adapter beside a frozen linear layer (Hu et al., 2021), written out (chapter 25).
 
 ``LoRALinear`` computes ``W x + b + (alpha / r) * B(A(x))`` with ``W, b`` frozen, ``A [r, in]`` drawn
 as ``peft`` draws it by default (Kaiming-uniform with ``a = sqrt(5)``, nn.Linear's own draw) and

@@ -1,4 +1,4 @@
-"""Mixture of experts (chapter 20): routers, top-k gates, experts, shared experts, load balancing,
+"""Mixture of experts (chapter 21): routers, top-k gates, experts, shared experts, load balancing,
 expert capacity.
 
 A *router* (``gate``, a matrix ``[E, hidden]``) scores the ``E`` experts for each token; the ``k``
@@ -59,7 +59,7 @@ def softmax_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None)
     """Mixtral's gates. ``logits [N, E]`` -> ``weights [N, k]`` (each row sums to 1), ``indices [N, k]``.
 
     Softmax over all ``E`` experts, top ``k`` probabilities, divided by their sum. ``bias [E]`` (not
-    Mixtral's; used in chapter 20's training runs) is added to the probabilities for choosing only.
+    Mixtral's; used in chapter 21's training runs) is added to the probabilities for choosing only.
     """
     _check_gate_inputs(logits, k, bias)
     probs = logits.float().softmax(dim=-1)

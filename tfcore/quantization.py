@@ -1,4 +1,4 @@
-"""int8 weights: per-output-channel symmetric quantisation of Linear layers, from scratch (chapter 21).
+"""int8 weights: per-output-channel symmetric quantisation of Linear layers, from scratch (chapter 22).
 
 Each row ``i`` of a weight ``W [out, in]`` (one output channel) gets its own scale
 ``s_i = max_j |W_ij| / qmax``; the stored weight is ``round(W_ij / s_i)`` clamped to [-128, 127],

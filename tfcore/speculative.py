@@ -1,4 +1,4 @@
-"""Speculative decoding: a small draft model proposes, the target model verifies (chapter 21).
+"""Speculative decoding: a small draft model proposes, the target model verifies (chapter 22).
 
 A draft model proposes ``k`` tokens one by one; the target runs all of them in ONE cached forward
 pass, which gives its own prediction after each proposed prefix. Greedy: keep the longest prefix
@@ -17,7 +17,7 @@ the ``k`` oldest, and once two or more proposals are rejected the next token's w
 positions that are gone. Draft and target share one vocabulary. Batch size 1: each sequence
 accepts a different number of tokens.
 
-This module also holds the two book-prose GPTs of chapter 21 (``load_decoding_model``).
+This module also holds the two book-prose GPTs of chapter 22 (``load_decoding_model``).
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def verify_samples(p: torch.Tensor, q: torch.Tensor, drafted: torch.Tensor, u: t
 
 
 # ---------------------------------------------------------------------------------------------
-# Chapter 21's two models, trained on the book prose (tools/train_decoding_models.py)
+# Chapter 22's two models, trained on the book prose (tools/train_decoding_models.py)
 
 DECODING_TOKENIZER = {"vocab_size": 1000, "min_frequency": 2, "validation": "12_transformer_family",
                       "test": "09_the_decoder", "context": 128}
@@ -291,7 +291,7 @@ def decoding_data(context: int | None = None):
 
 
 def load_decoding_model(name: str):
-    """Chapter 21's ``"draft"`` or ``"target"`` GPT, in float32, eval mode; also returns the file's
+    """Chapter 22's ``"draft"`` or ``"target"`` GPT, in float32, eval mode; also returns the file's
     metadata (config, tokenizer settings, recipe, the losses measured when it was trained)."""
     from safetensors import safe_open
     from safetensors.torch import load_file

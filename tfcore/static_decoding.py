@@ -1,4 +1,4 @@
-"""A static-cache decoder for ``tfcore.GPT``: every decoding step has the same shapes (chapter 22).
+"""A static-cache decoder for ``tfcore.GPT``: every decoding step has the same shapes (chapter 23).
 
 ``tfcore.generate`` runs the model's modules one step at a time: each step checks its input,
 calls some 15 modules per layer and grows views of the cache. On a GPU, each of a step's few

@@ -1,4 +1,4 @@
-"""Two small statistics of chapter 8 (§8.9), shared with chapter 24: the 95% Wilson score interval of an
+"""Two small statistics of chapter 8 (§8.9), shared with chapter 25: the 95% Wilson score interval of an
 accuracy and the two-sided exact McNemar test of two classifiers scored on the same items.
 
 Both definitions are copied character for character from chapter 8's notebook (the sync test compares them).

@@ -35,18 +35,19 @@ PARTS = [  # (part, colour, [(number, short title, what you build)]), read left 
                                        (16, "The Llama block", "RMSNorm, RoPE, SwiGLU, GQA")]),
     ("Attention at scale", "#d0e0e3", [(17, "FlashAttention", "tiles, online softmax"),
                                        (18, "Local and global", "windows, Gemma 3, sinks"),
-                                       (19, "Latent attention", "DeepSeek-V3, absorption")]),
-    ("Experts, fast decoding", "#f4cccc", [(20, "Mixture of experts", "Mixtral, DeepSeek, balancing"),
-                                            (21, "Decoding faster", "speculative decoding, int8"),
-                                            (22, "The cost of a token", "roofline, batched decoding")]),
-    ("From text to assistant", "#e6f0d0", [(23, "Tokenizer from scratch", "byte-level BPE, as tokenizers"),
-                                           (24, "From LM to assistant", "chat template, LoRA, DPO"),
-                                           (25, "RL from a grader", "GRPO, verifiable rewards")]),
-    ("Appendix", "#eeeeee", [(26, "The model in Keras", "checked equal, model.fit")]),
+                                       (19, "Latent attention", "DeepSeek-V3, absorption"),
+                                       (20, "Linear attention", "Gated DeltaNet, Qwen3.5")]),
+    ("Experts, fast decoding", "#f4cccc", [(21, "Mixture of experts", "Mixtral, DeepSeek, balancing"),
+                                            (22, "Decoding faster", "speculative decoding, int8"),
+                                            (23, "The cost of a token", "roofline, batched decoding")]),
+    ("From text to assistant", "#e6f0d0", [(24, "Tokenizer from scratch", "byte-level BPE, as tokenizers"),
+                                           (25, "From LM to assistant", "chat template, LoRA, DPO"),
+                                           (26, "RL from a grader", "GRPO, verifiable rewards")]),
+    ("Appendix", "#eeeeee", [(27, "The model in Keras", "checked equal, model.fit")]),
 ]
 COLUMNS = 4  # parts per row: two rows keep the text legible at the book's column width
-# The reading order: each chapter builds on the last (26 is an appendix).
-EDGES = [(n, n + 1) for n in range(1, 25)]
+# The reading order: each chapter builds on the last (27 is an appendix).
+EDGES = [(n, n + 1) for n in range(1, 26)]
 
 
 def main():

@@ -1,15 +1,15 @@
-"""Tune chapter 14's GPT into chapter 24's assistant on the five graded tasks, once, for chapter 25.
+"""Tune chapter 14's GPT into chapter 25's assistant on the five graded tasks, once, for chapter 26.
 
     OMP_NUM_THREADS=1 .venv/bin/python tools/train_book_chat.py     # about 5 s on one thread
 
-Chapter 24's recipe (§24.4) on a larger instruction set: chapter 14's stored GPT
+Chapter 25's recipe (§25.4) on a larger instruction set: chapter 14's stored GPT
 (``tfcore.instruct.load_book_gpt``) with the three chat tokens (``add_chat_tokens``), the loss on the
 answer tokens only, 200 steps of 32 examples, AdamW at 6e-3 after 20 warm-up steps with a linear
 decay, gradients clipped to 1, every weight trained (``train_instructions``), seed 0. The tasks are
-chapter 24's three and two more (``GRADED_TASKS``: sort the digits, add them up), split by number as
-chapter 24 splits them. The weights are stored in float32 in ``tfcore/data/book_chat.safetensors``
+chapter 25's three and two more (``GRADED_TASKS``: sort the digits, add them up), split by number as
+chapter 25 splits them. The weights are stored in float32 in ``tfcore/data/book_chat.safetensors``
 (under 1 MB); the metadata holds the config, the recipe, the tasks, and the greedy exact match on the
-test problems of each task, measured here by decoding. Chapter 25 loads it with
+test problems of each task, measured here by decoding. Chapter 26 loads it with
 ``tfcore.grpo.load_book_chat`` and measures that exact match again.
 """
 

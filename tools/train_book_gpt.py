@@ -1,4 +1,4 @@
-"""Train chapter 14's GPT once, by chapter 14's recipe, and save it for chapter 24.
+"""Train chapter 14's GPT once, by chapter 14's recipe, and save it for chapter 25.
 
     OMP_NUM_THREADS=1 .venv/bin/python tools/train_book_gpt.py     # about 10 s on one thread
 
@@ -8,7 +8,7 @@ width 64, 2 blocks of 4 heads, no dropout (168,192 parameters), 400 steps of 16 
 (3e-3, betas 0.9 and 0.95, weight decay 0.1), 40 warm-up steps then a linear decay
 (``tfcore.lr_factor``), gradients clipped to norm 1. The weights are stored in float32 in
 ``tfcore/data/book_gpt.safetensors`` (under 1 MB); the metadata holds the config, the recipe, the seed
-and the held-out losses measured here. Chapter 24 loads it with ``tfcore.instruct.load_book_gpt`` and
+and the held-out losses measured here. Chapter 25 loads it with ``tfcore.instruct.load_book_gpt`` and
 checks the held-out loss again.
 """
 

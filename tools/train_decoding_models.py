@@ -1,4 +1,4 @@
-"""Train chapter 21's draft and target GPTs once, on the book prose of chapter 14, and save them.
+"""Train chapter 22's draft and target GPTs once, on the book prose of chapter 14, and save them.
 
     OMP_NUM_THREADS=1 .venv/bin/python tools/train_decoding_models.py     # a few minutes on one thread
 
@@ -9,7 +9,7 @@ token costs a fraction of a target token; the draft is distilled from the target
 cross-entropy against the target's next-token probabilities), so that it agrees with it more often. The weights are stored in float16 (each file under 2 MB) in
 ``tfcore/data/decoding_{draft,target}.safetensors``; the file's metadata holds the model's config,
 the tokenizer's settings, the split and the training recipe, and the losses the script measured.
-Chapter 21 loads them with ``tfcore.speculative.load_decoding_model`` and checks the held-out loss.
+Chapter 22 loads them with ``tfcore.speculative.load_decoding_model`` and checks the held-out loss.
 """
 
 from __future__ import annotations

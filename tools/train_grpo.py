@@ -1,9 +1,9 @@
-"""Train chapter 25's GRPO runs once: the main recipe and one intervention at a time, three seeds each.
+"""Train chapter 26's GRPO runs once: the main recipe and one intervention at a time, three seeds each.
 
     OMP_NUM_THREADS=1 .venv/bin/python tools/train_grpo.py     # about 10 minutes on two cores
 
-Every run starts from chapter 24's assistant on the five graded tasks (``tfcore.grpo.load_book_chat``)
-and trains with ``tfcore.grpo.train_grpo`` on the training problems (chapter 24's split by number):
+Every run starts from chapter 25's assistant on the five graded tasks (``tfcore.grpo.load_book_chat``)
+and trains with ``tfcore.grpo.train_grpo`` on the training problems (chapter 25's split by number):
 ``STEPS`` steps of 32 problems with a group of 8 completions each, up to 20 new tokens, AdamW at 1e-3,
 gradients clipped to 1, the reference frozen at the starting model. ``RUNS`` lists each run's
 changes from the main recipe (``GRPO``: loss_type "grpo", advantages standardised within the group,
@@ -11,7 +11,7 @@ beta 0.04, one gradient step per batch, the ratio clipped at 0.2, reward = corre
 After training, each model is evaluated on the 750 test problems: greedy exact match, and pass@1
 and pass@8 from 8 samples at temperature 1 (seed 0). The histories and evaluations go to
 ``tfcore/data/grpo_runs.json``; the models of the runs in ``KEPT`` to ``tfcore/data/book_grpo.safetensors``
-(keys prefixed ``"GRPO.seed0."`` and so on; float32, about 4 MB). Chapter 25 reads both and measures
+(keys prefixed ``"GRPO.seed0."`` and so on; float32, about 4 MB). Chapter 26 reads both and measures
 the stored models again.
 """
 
