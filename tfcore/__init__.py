@@ -21,6 +21,7 @@ keeps the version later chapters import, and a test keeps the two in agreement.
 - ``sliding``: the sliding-window mask and the rolling KV cache of local layers (chapter 18)
 - ``gemma``: Gemma 3's text model, local and global layers, QK-norm, portable from transformers (chapter 18)
 - ``mla``: multi-head latent attention, its latent cache and absorbed form, a dense DeepSeek-V3 (chapter 19)
+- ``hybrid``: Qwen3.5's hybrid text model, Gated DeltaNet and gated attention layers, its cache (chapter 20)
 - ``moe``: routers, gates and experts, Mixtral and DeepSeek-V3 with experts, load balancing (chapter 21)
 - ``speculative``: speculative decoding, greedy and sampled, with a draft model (chapter 22)
 - ``quantization``: per-channel symmetric int8 weights for linear layers (chapter 22)
@@ -51,6 +52,7 @@ from .gemma import Gemma, GemmaConfig, GemmaRMSNorm
 from .generation import generate, next_token_probs
 from .gpt import GPT, GPTConfig
 from .heads import TransformerForSequenceClassification
+from .hybrid import GatedAttention, GatedDeltaNet, HybridCache, Qwen35, Qwen35Config, state_bytes
 from .instruct import add_chat_tokens, exact_match, load_book_gpt, masked_loss
 from .layers import FeedForward, TransformerEncoderLayer
 from .llama import (GroupedQueryAttention, Llama, LlamaConfig, RMSNorm, SwiGLU, apply_rotary, rotary_cos_sin,
@@ -85,10 +87,13 @@ __all__ = [
     "FlashAttentionFunction",
     "GPT",
     "GPTConfig",
+    "GatedAttention",
+    "GatedDeltaNet",
     "Gemma",
     "GemmaConfig",
     "GemmaRMSNorm",
     "GroupedQueryAttention",
+    "HybridCache",
     "Int8Linear",
     "KVCache",
     "LatentCache",
@@ -101,6 +106,8 @@ __all__ = [
     "MixtralConfig",
     "MultiHeadAttention",
     "MultiHeadLatentAttention",
+    "Qwen35",
+    "Qwen35Config",
     "RMSNorm",
     "RingBuffer",
     "RollingKVCache",
@@ -167,6 +174,7 @@ __all__ = [
     "sliding_window_mask",
     "softmax_topk",
     "speculative_generate",
+    "state_bytes",
     "train_classifier",
     "train_seq2seq",
     "truncate_cache",
