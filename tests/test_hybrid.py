@@ -59,7 +59,8 @@ def gap(a, b):
 @pytest.fixture(scope="module")
 def refs():
     """The reference in float32 and float64, every weight drawn at random (norm weights, A_log, dt_bias and
-    the convolution included: ports.widen), sdpa attention (eager would take its softmax in float32)."""
+    the convolution included: ports.widen), with sdpa attention, transformers' default here (its
+    eager_attention_forward takes the softmax with dtype=torch.float32, which a float64 check would see)."""
     torch.manual_seed(0)
     config = Qwen3_5TextConfig(**copy.deepcopy(HF_CONFIG))
     model = widen(Qwen3_5ForCausalLM(config)).eval()
@@ -229,6 +230,15 @@ def test_planted_gate_in_bfloat16_is_caught(refs, monkeypatch):
     assert logits_gap(Qwen35.from_transformers(reference), reference, ids(2, 150)) > 3e-2
 
 
+def test_planted_decay_without_the_reference_casts_is_caught(refs, library, monkeypatch):
+    """g computed in the model's dtype (A_log and a not rounded to float32 first): float64 logits move by 8.9e-7
+    (measured), far above the float64 bound."""
+    library(torch.float64)
+    monkeypatch.setattr(hybrid, "log_decay",
+                        lambda A_log, a, dt_bias: -A_log.exp() * torch.nn.functional.softplus(a + dt_bias))
+    assert logits_gap(port_of(refs, torch.float64), refs[torch.float64], ids(2, 150)) > 100 * TOL[torch.float64]
+
+
 @pytest.mark.parametrize("bug", ["output gate missing", "rotary on the whole head", "key heads tiled",
                                  "carry dropped between chunks"])
 def test_planted_bug_moves_the_logits(refs, library, monkeypatch, bug):
@@ -371,6 +381,31 @@ def test_state_bytes_equal_the_cache(ports, dtype):
                    for c in cache.layers if isinstance(c, hybrid.RecurrentLayerCache))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cache_holds_what_transformers_holds(refs, dtype):
+    """Per linear layer transformers' DynamicCache keeps ``kernel`` convolution inputs per channel, the port
+    ``kernel - 1`` (the oldest is never read: the cached steps above are exact), and the same delta state, in
+    float32 for a bfloat16 model; per attention layer the same keys and values."""
+    reference = copy.deepcopy(refs[torch.float32]).to(dtype)
+    ours = Qwen35.from_transformers(reference)
+    x = ids(2, 9)
+    cache, theirs = ours.new_cache(), DynamicCache(config=reference.config)
+    with torch.no_grad():
+        ours(x, cache=cache)
+        reference(x, past_key_values=theirs, use_cache=True)
+    kernel, tol = reference.config.linear_conv_kernel_dim, {torch.bfloat16: 1e-2, torch.float32: TOL[torch.float32]}[dtype]
+    for i, kind in enumerate(reference.config.layer_types):
+        layer = theirs.layers[i]
+        if kind == "linear_attention":
+            conv, state = layer.conv_states[0], layer.recurrent_states[0]
+            assert conv.shape[-1] == kernel and cache[i].conv_state.shape[-1] == kernel - 1
+            assert gap(cache[i].conv_state, conv[..., 1:]) < tol
+            assert state.dtype == cache[i].recurrent_state.dtype == torch.promote_types(dtype, torch.float32)
+            assert state.shape == cache[i].recurrent_state.shape == (2, 4, 12, 8)
+        else:
+            assert gap(cache[i].keys, layer.keys) < tol and gap(cache[i].values, layer.values) < tol
+
+
 def test_planted_cache_keeping_the_whole_kernel_is_caught(ports, monkeypatch):
     """transformers keeps ``kernel`` inputs per channel; the port keeps ``kernel - 1``, and the byte count sees it."""
     def conv(x, weight, state=None, act=torch.nn.functional.silu):
@@ -453,3 +488,5 @@ def test_cache_misuse_is_refused(ports):
         state_bytes(tfcore.LlamaConfig(), 10)
     with pytest.raises(ValueError, match="length"):
         state_bytes(model.config, -1)
+    with pytest.raises(ValueError, match="dtype_bytes"):
+        state_bytes(model.config, 10, dtype_bytes=0)

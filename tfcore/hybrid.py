@@ -153,6 +153,14 @@ def expand_key_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
+def log_decay(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """g = -exp(A_log) * softplus(a + dt_bias): ``[B, L, H_v]`` from ``a [B, L, H_v]`` and ``A_log, dt_bias [H_v]``;
+    g <= 0, so the decay alpha = exp(g) lies in (0, 1]. With the reference's casts: A_log and a are rounded to
+    float32 first, dt_bias is not (``Qwen3_5GatedDeltaNet.forward``); without them a float64 model's logits moved
+    by 8.9e-7 from transformers' (tests/test_hybrid.py)."""
+    return -A_log.float().exp() * F.softplus(a.float() + dt_bias)
+
+
 def rule_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype the delta rule runs in, and its state's: float32 for a float32, float16 or bfloat16 model (as
     transformers' functions cast), float64 for a float64 model."""
@@ -208,8 +216,7 @@ class GatedDeltaNet(nn.Module):
         groups = self.num_v_heads // self.num_k_heads
         q, k = expand_key_heads(q, groups), expand_key_heads(k, groups)  # [B, H_v, L, d_k]
         beta = self.in_proj_b(x).sigmoid().transpose(1, 2)  # [B, H_v, L]
-        # the reference's casts, kept: A_log and a rounded to float32 (in a float64 model they move g by ~1e-8)
-        g = (-self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)).transpose(1, 2)
+        g = log_decay(self.A_log, self.in_proj_a(x), self.dt_bias).transpose(1, 2)  # [B, H_v, L]
         q, k, v, g, beta = (t.to(rule_dtype(x.dtype)) for t in (q, k, v, g, beta))
         state = None if cache is None else cache.recurrent_state
         if state is not None and length == 1:  # one new token: one step of the recurrence
@@ -489,4 +496,4 @@ class Qwen35(nn.Module):
 
 __all__ = ["GatedAttention", "GatedDeltaNet", "GatedRMSNorm", "HybridCache", "HybridDecoderLayer", "Qwen35",
            "Qwen35Config", "RecurrentLayerCache", "apply_partial_rotary", "causal_conv1d", "expand_key_heads",
-           "gate_output", "rule_dtype", "state_bytes"]
+           "gate_output", "log_decay", "rule_dtype", "state_bytes"]
