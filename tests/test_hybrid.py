@@ -160,6 +160,26 @@ def test_logits_equal_transformers(refs, ports, library, dtype, length):
 hybrid_conv = hybrid.causal_conv1d  # the port's own, for the planted versions that wrap it
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_second_configuration(library, dtype):
+    """The other side of each option: a linear layer first (transformers then reads the cached length from its
+    first attention layer), one value head per key head, kernel 5, the whole head rotated, no attention biases,
+    an untied output layer: logits over 150 positions and cached decoding after a 66-position prompt."""
+    library(dtype)
+    torch.manual_seed(1)
+    config = Qwen3_5TextConfig(**{**copy.deepcopy(HF_CONFIG), "linear_conv_kernel_dim": 5, "linear_num_value_heads": 2,
+                                  "attention_bias": False, "tie_word_embeddings": False, "hidden_act": "silu",
+                                  "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
+                                                      "partial_rotary_factor": 1.0},
+                                  "num_hidden_layers": 4, "layer_types": ["linear_attention", "linear_attention",
+                                                                          "full_attention", "linear_attention"]})
+    reference = widen(Qwen3_5ForCausalLM(config)).eval().to(dtype)
+    ours = Qwen35.from_transformers(reference)
+    assert ours.config.rotary_dim == 16 and not ours.config.tie_word_embeddings
+    assert logits_gap(ours, reference, ids(2, 150)) < TOL[dtype]
+    assert max(cached_gaps(ours, reference, pieces=(66,), steps=5)) < TOL[dtype]
+
+
 def _planted(monkeypatch, name):
     """Plant one bug in tfcore.hybrid (each a plausible mistake)."""
     if name == "output gate missing":
