@@ -87,6 +87,14 @@ The cost of a token (chapter 23):
 
     .venv/bin/python benchmarks/run.py --only decoding
 
+Attention without a growing cache (chapter 20):
+
+- ``hybrid`` (hybrid.py): one cached decoding step, batch 1, after 128 to 8192 positions, of a
+  ``tfcore.hybrid.Qwen35`` with three Gated DeltaNet layers to one attention layer and of the same
+  model made all-attention (random weights, 8 layers, 256 wide), with the bytes each cache holds.
+
+    .venv/bin/python benchmarks/run.py --only hybrid --threads 1
+
 ``--only generation,cache,per_token`` (or ``--only allocation``, ``--only flash``, ``--only speculative``) measures just those
 keys and writes them, with their own ``machine`` record, into the existing results.json, leaving the
 other keys as they were. ``--devices cuda`` measures on the GPU only and keeps the key's CPU rows;
@@ -146,6 +154,7 @@ KEYS = {
     "peaks": "peaks",
     "roofline": "roofline",
     "decoding": "decoding",
+    "hybrid": "hybrid",
 }
 
 

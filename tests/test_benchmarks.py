@@ -103,6 +103,13 @@ def test_smoke_run_writes_results_and_plot(tmp_path):
     batched = [r for r in decoding if r["part"] == "batched"]
     assert [r["batch"] for r in batched] == [1, 2] and all(r["same_tokens"] for r in batched)
     assert batched[1]["prompt_lengths"] == [8, 4]  # left padding exercised
+    # chapter 20: a hybrid's cached step against its all-attention twin (schema in benchmarks/hybrid.py)
+    hybrid = results["hybrid"]
+    assert {(r["model"], r["position"]) for r in hybrid} == {(m, p) for m in ("hybrid", "all attention") for p in (8, 24)}
+    assert all(r["seconds"] > 0 and r["cache_bytes"] > 0 for r in hybrid)
+    held = {(r["model"], r["position"]): r["cache_bytes"] for r in hybrid}
+    # the hybrid's cache grows by its one attention layer's keys and values, the twin's by four layers'
+    assert 4 * (held["hybrid", 24] - held["hybrid", 8]) == held["all attention", 24] - held["all attention", 8] > 0
 
 
 def _seconds(rows, what, **where):
@@ -337,3 +344,19 @@ def test_committed_decoding_rows_chapter_23_reads(committed):
         assert abs(sum(r["share"] for op, r in ops.items() if op != "all ops") - 1) < 1e-9
     single = _decoding(committed, "single")
     assert {(r["model"], r["threads"]) for r in single} == {(m, t) for m in ("1M", "20M") for t in (1, 2)}
+
+
+def test_committed_hybrid_rows_chapter_20_reads(committed):
+    """Chapter 20 reads the hybrid's step times and cache bytes: both models at every position, and the bytes
+    each cache held equal to what ``tfcore.hybrid.state_bytes`` counts for the same sizes (float32)."""
+    from benchmarks.hybrid import FULL
+    from tfcore.hybrid import Qwen35Config, state_bytes
+
+    rows = [r for r in committed["hybrid"] if r["device"] == "cpu"]
+    assert {(r["model"], r["position"]) for r in rows} == {
+        (m, p) for m in ("hybrid", "all attention") for p in (128, 512, 2048, 8192)}
+    for r in rows:
+        layers = ["full_attention"] * r["num_hidden_layers"] if r["model"] == "all attention" else None
+        config = Qwen35Config(**FULL, layer_types=layers)
+        counted = state_bytes(config, r["position"], dtype_bytes=4)
+        assert r["cache_bytes"] == counted["linear_state"] + counted["kv"] and r["seconds"] > 0
