@@ -58,7 +58,8 @@ def check_left_padding(attention_mask, input_ids: torch.Tensor, model) -> torch.
     if "attention_mask" not in parameters and not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
         raise TypeError(f"{type(model).__name__}.forward takes no attention_mask, so it cannot run a padded "
                         f"batch: generate each prompt alone (attention_mask=None), or use a model that takes "
-                        f"one (tfcore.GPT, tfcore.Llama, tfcore.Mixtral, tfcore.Gemma, tfcore.DeepseekV3)")
+                        f"one (tfcore.GPT, tfcore.Llama, tfcore.Mixtral, tfcore.Gemma, tfcore.DeepseekV3, "
+                        f"tfcore.Qwen35)")
     if not isinstance(attention_mask, torch.Tensor):
         raise TypeError(f"attention_mask must be a torch.Tensor of 0/1 (1 = real token), got "
                         f"{type(attention_mask).__name__}; pass the tokenizer's attention_mask")
