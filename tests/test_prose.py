@@ -176,7 +176,7 @@ import re
 
 # tfcore's models: every tfcore class that ports a `transformers` model (`from_transformers`; a test
 # below keeps the list whole), its encoders and encoder-decoders, and the Keras appendix's model.
-TFCORE_MODELS = {"GPT", "Llama", "Gemma", "DeepseekV3", "Mixtral", "DeepseekV3WithExperts", "TransformerEncoder",
+TFCORE_MODELS = {"GPT", "Llama", "Gemma", "DeepseekV3", "Qwen35", "Mixtral", "DeepseekV3WithExperts", "TransformerEncoder",
                  "TransformerForSequenceClassification", "EncoderDecoder", "make_model", "Transformer"}
 IMPORT = re.compile(r"^[ \t]*from (transformers|tfcore)((?:\.\w+)*) import (\([^)]*\)|[^\n]*)", re.M)
 MODULE_ALIAS = re.compile(r"^[ \t]*import ((?:transformers|tfcore)(?:\.\w+)*) as (\w+)", re.M)
