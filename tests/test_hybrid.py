@@ -199,7 +199,7 @@ def _planted(monkeypatch, name):
                 outs.append(o)
             return torch.cat(outs, dim=2), state
         monkeypatch.setattr(hybrid, "gated_delta_rule_chunked", chunked)
-    elif name == "last chunk padded":  # transformers #46190: padded positions with a decay of -1
+    elif name == "last chunk padded":  # padding that decays by -1 (the cause PR #46873 proposed for #46190)
         def chunked(q, k, v, g, beta, *, chunk_size, **kw):
             T, pad = q.shape[2], -q.shape[2] % chunk_size
             def p(t, value=0.0):
@@ -317,8 +317,9 @@ def test_planted_bug_breaks_the_cache(refs, library, monkeypatch, bug):
 
 
 def test_padded_last_chunk_keeps_the_outputs_but_not_the_state(refs, ports, library, monkeypatch):
-    """The #46190 bug is invisible in a full pass (the padding comes after every real position) and shows only
-    in what follows: the reason the cache checks run after a prompt whose length is not a multiple of 64."""
+    """A padded last chunk that decays the state is invisible in a full pass (the padding comes after every real
+    position) and shows only in what follows: the reason the cache checks run after a prompt whose length is not a
+    multiple of 64."""
     library(torch.float64)
     x = ids(2, 70)
     clean = ports[torch.float64](x)

@@ -207,8 +207,9 @@ def test_gated_delta_rule_equals_transformers(dtype, l2):
 
 
 def test_transformers_chunked_path_lets_no_padding_update_the_state():
-    """transformers #46190: a pure-PyTorch chunked path let the padding of the last chunk update the state. In 5.23
-    the padded positions have beta = 0, k = 0 and g = 0: its chunked final state equals its recurrent one."""
+    """A proposed fix for transformers #46190 (PR #46873, closed unmerged) blamed the padding of the last chunk for
+    cached decoding's drift. In 5.23 the padded positions have beta = 0, k = 0 and g = 0: its chunked final state
+    equals its recurrent one."""
     for T, C in [(13, 4), (3, 8), (17, 16), (5, 64)]:
         x = draw(T, torch.float64, seed=T)
         assert both_gaps(library(x, torch.float64, chunk_size=C), library(x, torch.float64)) < 1e-10

@@ -266,7 +266,8 @@ def gated_delta_rule_chunked(q, k, v, g, beta, *, chunk_size=64, initial_state=N
     carried from one chunk to the next. Equal to ``gated_delta_rule_recurrent`` (same arguments, same returns).
 
     chunk_size: a whole number >= 1. When T is not a multiple of it, the last chunk is simply shorter: nothing
-    is padded, so no padded position can decay or write the state (transformers #46190).
+    is padded, so no padded position can decay or write the state (a bug a chunked path can have; transformers 5.23
+    pads with k = 0, beta = 0 and g = 0, which is harmless too).
     """
     try:
         ok = not isinstance(chunk_size, bool) and operator.index(chunk_size) >= 1
