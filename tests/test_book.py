@@ -62,7 +62,7 @@ def test_landing_page_shows_the_start_box_the_drawing_and_the_models_page(html):
     page = (html / "book" / "intro.html").read_text()
     assert re.search(r'<div class="tip admonition">\s*<p class="admonition-title">Start here', page)
     assert 'href="https://colab.research.google.com/github/' in page
-    assert "└→ 19 → 20" in page and 'href="models.html"' in page
+    assert "└→ 19 ┬→ 20" in page and 'href="models.html"' in page
     # "What checks it": a sample checked claim, and the link to the README's full list of checks
     assert "✓ the held-out accuracy is at least 0.98  [this run: 0.992]" in page
     assert 'href="https://github.com/transformer-anatomy/transformer-anatomy#the-two-commands"' in page
