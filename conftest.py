@@ -19,7 +19,7 @@ def _rank(nodeid: str) -> int:
     each), then the other runs of whole chapters and the built book, then the notebooks, then
     everything else, so that no worker is left alone with a long unit at the end while the
     other core idles (each worker has one thread)."""
-    longest = ("08_", "24_", "10_")
+    longest = ("08_", "25_", "10_")
     if any(nodeid.startswith(f"tests/test_robustness.py::test_chapter_keeps_its_claims_under_another_seed[{c}")
            for c in longest):
         return 0

@@ -29,7 +29,7 @@ def speculative(ks, new_tokens: int, repeats: int, pass_repeats: int, device) ->
     from tfcore.speculative import decoding_data, load_decoding_model, speculative_generate, truncate_cache
 
     # On the CPU, this thread's CPU time (run with --threads 1): a busy, shared machine does not
-    # count the moments the thread waits (as chapter 21 times its layers)
+    # count the moments the thread waits (as chapter 22's int8 deep dive times its layers)
     clock = {"timer": time.thread_time} if device == "cpu" and torch.get_num_threads() == 1 else {}
     target, draft = (load_decoding_model(name)[0].to(device) for name in ("target", "draft"))
     data = decoding_data()

@@ -21,6 +21,7 @@ keeps the version later chapters import, and a test keeps the two in agreement.
 - ``sliding``: the sliding-window mask and the rolling KV cache of local layers (chapter 18)
 - ``gemma``: Gemma 3's text model, local and global layers, QK-norm, portable from transformers (chapter 18)
 - ``mla``: multi-head latent attention, its latent cache and absorbed form, a dense DeepSeek-V3 (chapter 19)
+- ``linear_attention``: linear attention, the delta rule and the gated delta rule, recurrent and chunked (chapter 20)
 - ``hybrid``: Qwen3.5's hybrid text model, Gated DeltaNet and gated attention layers, its cache (chapter 20)
 - ``moe``: routers, gates and experts, Mixtral and DeepSeek-V3 with experts, load balancing (chapter 21)
 - ``speculative``: speculative decoding, greedy and sampled, with a draft model (chapter 22)

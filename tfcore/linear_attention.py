@@ -1,4 +1,5 @@
-"""Linear attention, the delta rule and the gated delta rule (Gated DeltaNet): attention with a fixed-size state.
+"""Linear attention, the delta rule and the gated delta rule (Gated DeltaNet): attention with a fixed-size state
+(chapter 20).
 
 Shapes: ``B`` batch, ``H`` heads, ``T`` positions, ``d_k`` width of a query/key, ``d_v`` width of a value.
 Every function here takes ``q, k`` as ``[B, H, T, d_k]`` and ``v`` as ``[B, H, T, d_v]`` (tfcore's layout;
