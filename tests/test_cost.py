@@ -409,3 +409,60 @@ def test_bad_input_is_refused_with_the_fix():
     with pytest.raises(TypeError, match="DeepseekV3Config"):
         cost.decoder_ops(CONFIGS["deepseek-dense"])
     assert cost.forward_cost(GPT_20M, 1, 1, 0)["flops"] > 0  # the good call still runs
+
+
+# --- Qwen3.5's hybrid (chapter 20) ------------------------------------------------------------------
+
+QWEN35_TOY = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, partial_rotary_factor=0.5, attention_bias=True,
+                  tie_word_embeddings=True, linear_conv_kernel_dim=3, linear_key_head_dim=12,
+                  linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+                  layer_types=["full_attention", "linear_attention", "linear_attention", "full_attention",
+                               "linear_attention", "linear_attention"])
+
+
+@pytest.mark.parametrize("config", [tfcore.Qwen35Config(**QWEN35_TOY), tfcore.Qwen35Config()], ids=["toy", "9B"])
+def test_qwen35_parameter_count_is_the_models(config):
+    with torch.device("meta"):
+        model = tfcore.Qwen35(config)
+    assert cost.parameter_counts(config)["total"] == sum(p.numel() for p in model.parameters())
+
+
+def test_a_qwen35_count_without_the_attention_output_gate_is_caught(monkeypatch):
+    """The check above can fail: a count that forgets the gate half of q_proj (H x head_dim x hidden)."""
+    config = tfcore.Qwen35Config(**QWEN35_TOY)
+    right = cost._qwen35_counts
+    gate = config.num_attention_heads * config.head_dim * (config.hidden_size + 1)  # weights and biases
+    monkeypatch.setattr(cost, "_qwen35_counts", lambda c: {k: v - 2 * gate for k, v in right(c).items()})
+    with torch.device("meta"):
+        model = tfcore.Qwen35(config)
+    assert cost.parameter_counts(config)["total"] != sum(p.numel() for p in model.parameters())
+
+
+def test_qwen35_cache_bytes_per_token_are_the_attention_layers_keys_and_values():
+    config = tfcore.Qwen35Config(**QWEN35_TOY)
+    torch.manual_seed(0)
+    model = tfcore.Qwen35(config).eval()
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.randint(0, 101, (2, 23)), cache=cache)
+    per_token = cost.kv_cache_bytes_per_token(config, torch.float32)
+    assert cache.kv_nbytes() == 2 * 23 * per_token  # 2 rows of 23 positions
+    assert per_token == 2 * 2 * 2 * 16 * 4  # 2 attention layers x (key, value) x H_kv x head_dim x float32
+    with pytest.raises(ValueError, match="expanded=True"):
+        cost.kv_cache_bytes_per_token(config, expanded=True)
+
+
+def test_published_qwen35_is_transformers_default_text_config():
+    import dataclasses
+
+    import transformers
+
+    ours, theirs = cost.published_configs()["Qwen3.5 (9B)"], transformers.Qwen3_5TextConfig()
+    rope = theirs.rope_parameters
+    for field in dataclasses.fields(ours):
+        expected = rope[field.name] if field.name in ("rope_theta", "partial_rotary_factor") else getattr(theirs, field.name)
+        assert getattr(ours, field.name) == expected, field.name
+    total = cost.parameter_counts(ours)["total"]
+    assert abs(total / cost.PUBLISHED["Qwen3.5 (9B)"]["total"] - 1) < 0.01, total  # 8,953,803,264
+    assert cost.kv_cache_bytes_per_token(ours) == 8 * 2 * 4 * 256 * 2  # 8 attention layers, bfloat16

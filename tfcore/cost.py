@@ -34,9 +34,10 @@ arithmetic intensity) against ``peak / bandwidth`` says which.
 Configs: ``tfcore.GPTConfig`` (GPT-2: LayerNorm, GELU), ``tfcore.LlamaConfig`` (RMSNorm, rotary,
 SwiGLU, grouped-query attention), ``tfcore.MixtralConfig`` (experts) for the operations;
 ``parameter_counts``, ``model_weight_bytes`` and ``kv_cache_bytes_per_token`` also take
-``tfcore.DeepseekV3Config`` and ``tfcore.DeepseekV3MoEConfig`` (latent attention).
+``tfcore.DeepseekV3Config`` and ``tfcore.DeepseekV3MoEConfig`` (latent attention), and
+``tfcore.Qwen35Config`` (Qwen3.5's hybrid of Gated DeltaNet and attention layers, chapter 20).
 ``published_configs()`` gives the published sizes of GPT-2 small, Llama 2 7B, Llama 3 8B,
-Mixtral 8x7B and DeepSeek-V3.
+Mixtral 8x7B and DeepSeek-V3, and the default sizes of transformers' Qwen3.5 text model.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import torch
 from torch import nn
 
 from .gpt import GPT, GPTConfig
+from .hybrid import Qwen35Config
 from .llama import Llama, LlamaConfig
 from .mla import DeepseekV3Config
 from .moe import DeepseekV3MoEConfig, MixtralConfig, SparseMoeBlock
@@ -113,7 +115,9 @@ def parameter_counts(config) -> dict:
     and ``non_embedding`` (total minus embedding: Kaplan et al.'s N; a tied output layer is the
     embedding table, so it is not in N).
     """
-    _check_config(config, (GPTConfig, LlamaConfig, DeepseekV3Config))
+    _check_config(config, (GPTConfig, LlamaConfig, DeepseekV3Config, Qwen35Config))
+    if isinstance(config, Qwen35Config):
+        return _qwen35_counts(config)
     d, n, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
     tied = config.tie_word_embeddings
     if isinstance(config, GPTConfig):
@@ -175,6 +179,23 @@ def _deepseek_counts(config: DeepseekV3Config) -> dict:
     return dict(total=total, active=active, embedding=embedding, non_embedding=total - embedding)
 
 
+def _qwen35_counts(config: Qwen35Config) -> dict:
+    """``tfcore.Qwen35``'s parameters, module by module (tfcore/hybrid.py)."""
+    d, vocab, bias = config.hidden_size, config.vocab_size, config.attention_bias
+    heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    attention = (d * 2 * heads * head_dim + 2 * d * kv_heads * head_dim + heads * head_dim * d  # q (and gate), k, v, o
+                 + bias * (2 * heads * head_dim + 2 * kv_heads * head_dim + d) + 2 * head_dim)  # biases, q/k norms
+    v_heads, value_dim = config.linear_num_value_heads, config.linear_num_value_heads * config.linear_value_head_dim
+    linear = (d * config.conv_dim + d * value_dim + 2 * d * v_heads  # in_proj_qkv, in_proj_z, in_proj_b and _a
+              + config.conv_dim * config.linear_conv_kernel_dim + 2 * v_heads  # conv1d, dt_bias, A_log
+              + config.linear_value_head_dim + value_dim * d)  # the gated norm, out_proj
+    block = 3 * d * config.intermediate_size + 2 * d  # SwiGLU, two norms
+    layers = sum((linear if kind == "linear_attention" else attention) + block for kind in config.layer_types)
+    embedding = vocab * d
+    total = embedding + d + (0 if config.tie_word_embeddings else vocab * d) + layers
+    return dict(total=total, active=total, embedding=embedding, non_embedding=total - embedding)
+
+
 def model_weight_bytes(config, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Bytes of the weights, every parameter stored in ``dtype``: ``total`` and ``active`` (per token;
     for a mixture of experts, only the routed experts' weights). See ``parameter_counts``."""
@@ -191,10 +212,19 @@ def kv_cache_bytes_per_token(config, dtype: torch.dtype = torch.bfloat16, expand
     - DeepSeek-V3 (latent attention): ``kv_lora_rank + qk_rope_head_dim`` per layer (the latent and
       the shared rotary key, as ``tfcore.LatentCache`` keeps them); with ``expanded=True``, what
       caching its expanded keys and values would need instead: ``H x (qk_nope + qk_rope)`` key
-      numbers and ``H x v_head_dim`` value numbers per layer.
+      numbers and ``H x v_head_dim`` value numbers per layer;
+    - Qwen3.5's hybrid: ``2 x H_kv x head_dim`` per *attention* layer only; its Gated DeltaNet layers
+      keep a state of fixed size instead, whatever the number of tokens
+      (``tfcore.hybrid.state_bytes(config, length)["linear_state"]``).
     """
-    _check_config(config, (GPTConfig, LlamaConfig, DeepseekV3Config))
+    _check_config(config, (GPTConfig, LlamaConfig, DeepseekV3Config, Qwen35Config))
     size, n = _dtype_bytes(dtype), config.num_hidden_layers
+    if isinstance(config, Qwen35Config):
+        if expanded:
+            raise ValueError("expanded=True describes DeepSeek's latent cache only; Qwen3.5's attention layers "
+                             "cache their keys and values expanded already")
+        attention_layers = config.layer_types.count("full_attention")
+        return attention_layers * 2 * config.num_key_value_heads * config.head_dim * size
     if isinstance(config, DeepseekV3Config):
         heads = config.num_attention_heads
         per_layer = heads * (config.qk_head_dim + config.v_head_dim) if expanded else \
@@ -594,13 +624,17 @@ PUBLISHED = {
     "Llama 3 8B": dict(total=8e9, source="Grattafiori et al. 2024, Table 3 ('8B')"),
     "Mixtral 8x7B": dict(total=46.7e9, active=12.9e9, source="Jiang et al. 2024, Mixtral of Experts"),
     "DeepSeek-V3": dict(total=671e9, active=37e9, source="DeepSeek-AI 2024, DeepSeek-V3 Technical Report, abstract"),
+    "Qwen3.5 (9B)": dict(total=9e9, source="transformers 5.23's Qwen3_5TextConfig docstring: its defaults are a "
+                                           "'Qwen3.5-9B style configuration'"),
 }
 
 
 def published_configs() -> dict:
     """tfcore configs of published models: GPT-2 small, Llama 2 7B, Mixtral 8x7B and DeepSeek-V3 from
     transformers' default config classes (whose defaults are those models' sizes), Llama 3 8B from
-    its paper (``LLAMA3_8B``). Offline: builds configs only, downloads nothing."""
+    its paper (``LLAMA3_8B``), and "Qwen3.5 (9B)": ``tfcore.Qwen35Config()``, whose defaults are those
+    of transformers' ``Qwen3_5TextConfig``, "a Qwen3.5-9B style configuration" by its docstring.
+    Offline: builds configs only, downloads nothing."""
     import transformers
 
     return {
@@ -609,6 +643,7 @@ def published_configs() -> dict:
         "Llama 3 8B": LlamaConfig(**LLAMA3_8B),
         "Mixtral 8x7B": from_transformers_config(transformers.MixtralConfig()),
         "DeepSeek-V3": from_transformers_config(transformers.DeepseekV3Config()),
+        "Qwen3.5 (9B)": Qwen35Config(),
     }
 
 
