@@ -7,6 +7,7 @@ order in which tfcore's own layers call their modules.
 """
 
 import ast
+import itertools
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,13 @@ from transformers import BertConfig
 
 pytest.importorskip("matplotlib")
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.colors import to_rgb  # noqa: E402
+from matplotlib.patches import FancyBboxPatch  # noqa: E402
+
 import tfcore  # noqa: E402
 from tfcore import diagrams  # noqa: E402
+from tfcore.hybrid import FULL, LINEAR, GatedDeltaNet, Qwen35Config, RecurrentLayerCache  # noqa: E402
 
 TFCORE = Path(tfcore.__file__).parent
 
@@ -288,6 +294,200 @@ def test_sizes_must_be_positive_integers(value):
         diagrams.attention_diagram(1, value, 5, 8, 8)
 
 
+# ------------------------------------------------------------------------- Qwen3.5's hybrid
+
+# chapter 20's toy (§20.4): every size of the Gated DeltaNet off its default
+TOY = {"vocab_size": 101, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
+       "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "gelu_pytorch_tanh",
+       "partial_rotary_factor": 0.5, "linear_conv_kernel_dim": 3, "linear_key_head_dim": 12,
+       "linear_value_head_dim": 8, "linear_num_key_heads": 2, "linear_num_value_heads": 4}
+# the labels each config must show, written out by hand: conv_dim = 2 H_k d_k + H_v d_v (80; 8192)
+EXPECTED = {
+    "toy": {"op:in_proj_qkv": "Linear(64, 80)", "tensor:qkv": "[80]", "op:conv1d": "kernel 3",
+            "tensor:conv_state": "[80, 2]", "op:act": "gelu_pytorch_tanh", "op:split": "q, k [2, 12]; v [4, 8]",
+            "op:repeat": "× 2 → [4, 12]", "op:l2norm": "1/√12", "op:beta": "[4]", "op:g": "[4]",
+            "tensor:state": "[4, 12, 8]", "op:rule": "chunks of 64", "tensor:o": "[4, 8]", "op:z": "[4, 8]",
+            "op:out_proj": "Linear(32, 64)", "tensor:x": "[64]", "tensor:output": "[64]",
+            "layer:full_attention": "4 q, 2 kv heads of 16", "head": "[B, L, 101]",
+            "pattern": "4 layers: 3 Gated DeltaNet + 1 attention\nlayer_types: L L L F\n"
+                       "hidden_act: gelu_pytorch_tanh"},
+    "default": {"op:in_proj_qkv": "Linear(4096, 8192)", "tensor:qkv": "[8192]", "op:conv1d": "kernel 4",
+                "tensor:conv_state": "[8192, 3]", "op:act": "silu", "op:split": "q, k [16, 128]; v [32, 128]",
+                "op:repeat": "× 2 → [32, 128]", "op:l2norm": "1/√128", "op:beta": "[32]", "op:g": "[32]",
+                "tensor:state": "[32, 128, 128]", "op:rule": "chunks of 64", "tensor:o": "[32, 128]",
+                "op:z": "[32, 128]", "op:out_proj": "Linear(4096, 4096)", "tensor:x": "[4096]",
+                "tensor:output": "[4096]", "layer:full_attention": "16 q, 4 kv heads of 256",
+                "head": "[B, L, 248320]", "stack": "× 8",
+                "pattern": "32 layers: 24 Gated DeltaNet + 8 attention\nlayer_types: L L L F, × 8"},
+}
+# the main path, bottom to top, in the order GatedDeltaNet.forward computes it
+MAIN_PATH = ["tensor:x", "op:in_proj_qkv", "tensor:qkv", "op:conv1d", "op:act", "op:split", "op:repeat", "op:l2norm",
+             "op:rule", "tensor:o", "op:gated_norm", "op:out_proj", "tensor:output"]
+# the GatedDeltaNet child each drawn label stands for (conv1d's weight is used by hand, not called)
+MODULE_LABELS = {"in_proj_qkv": "op:in_proj_qkv", "act_fn": "op:act", "in_proj_b": "op:beta", "in_proj_a": "op:g",
+                 "in_proj_z": "op:z", "norm": "op:gated_norm", "out_proj": "op:out_proj"}
+
+
+def hybrid_config(name):
+    return Qwen35Config(**TOY) if name == "toy" else Qwen35Config()
+
+
+def check_hybrid_labels(fig, expected):
+    """Each label (by gid) holds its expected text; the error lists every one that does not."""
+    wrong = {gid: (label, one(fig, gid).get_text()) for gid, label in expected.items()
+             if label not in one(fig, gid).get_text()}
+    assert not wrong, f"labels that differ from the expected ones (gid: expected, drawn): {wrong}"
+
+
+def check_labels_match_the_module(fig, module, cache):
+    """The labels give the shapes of tfcore's GatedDeltaNet and of the cache it filled."""
+    hidden = module.in_proj_qkv.in_features
+    conv_dim, kernel = module.conv1d.weight.shape[0], module.conv1d.weight.shape[-1]
+    _, h_v, d_k, d_v = cache.recurrent_state.shape
+    check_hybrid_labels(fig, {
+        "op:in_proj_qkv": f"Linear({hidden}, {module.in_proj_qkv.out_features})",
+        "op:conv1d": f"kernel {kernel}",
+        "tensor:conv_state": str(list(cache.conv_state.shape[1:])),
+        "tensor:state": str([h_v, d_k, d_v]),
+        "op:beta": str([module.in_proj_b.out_features]), "op:g": str([module.in_proj_a.out_features]),
+        "op:z": str([h_v, module.in_proj_z.out_features // h_v]),
+        "op:split": f"q, k {[module.num_k_heads, d_k]}; v {[h_v, d_v]}",
+        "op:out_proj": f"Linear({module.out_proj.in_features}, {module.out_proj.out_features})",
+    })
+    assert module.in_proj_qkv.out_features == conv_dim and module.out_proj.in_features == h_v * d_v
+
+
+@pytest.fixture(scope="module")
+def toy_layer():
+    """The toy's GatedDeltaNet after one token through it, and its cache."""
+    torch.manual_seed(0)
+    module, cache = GatedDeltaNet(Qwen35Config(**TOY)), RecurrentLayerCache()
+    with torch.no_grad():
+        module(torch.randn(1, 1, TOY["hidden_size"]), cache)
+    return module, cache
+
+
+@pytest.mark.parametrize("name", ["toy", "default"])
+def test_hybrid_diagram_labels_carry_the_configs_sizes(name):
+    fig = diagrams.hybrid_diagram(hybrid_config(name))
+    check_hybrid_labels(fig, EXPECTED[name])
+    size = "64 → 96 → 64" if name == "toy" else "4096 → 12288 → 4096"
+    assert len(texts(fig, "mlp")) == 4 and all(size in t.get_text() for t in texts(fig, "mlp"))
+    state = EXPECTED[name]["tensor:state"]
+    assert [t.get_text() for t in texts(fig, "layer:linear_attention")] == [f"Gated DeltaNet\nstate {state}"] * 3
+    assert ("SwiGLU" in texts(fig, "mlp")[0].get_text()) == (name == "default")  # silu: SwiGLU
+
+
+def test_hybrid_diagram_labels_are_the_shapes_of_tfcores_layer_and_cache(toy_layer):
+    check_labels_match_the_module(diagrams.hybrid_diagram(Qwen35Config(**TOY)), *toy_layer)
+
+
+def test_a_label_drifting_from_the_code_is_caught(toy_layer, monkeypatch):
+    """Planted drifts: the drawing reads d_k where d_v belongs; conv_dim forgets that k has heads of its own."""
+    drifted = Qwen35Config(**TOY)
+    monkeypatch.setattr(drifted, "linear_value_head_dim", drifted.linear_key_head_dim)
+    with pytest.raises(AssertionError) as caught:
+        check_labels_match_the_module(diagrams.hybrid_diagram(drifted), *toy_layer)
+    assert all(gid in str(caught.value) for gid in ("tensor:state", "op:z", "op:split", "op:out_proj"))
+    monkeypatch.setattr(Qwen35Config, "conv_dim", property(
+        lambda c: c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim))
+    with pytest.raises(AssertionError) as caught:
+        check_hybrid_labels(diagrams.hybrid_diagram(Qwen35Config(**TOY)), EXPECTED["toy"])
+    assert all(gid in str(caught.value) for gid in ("op:in_proj_qkv", "tensor:qkv", "tensor:conv_state"))
+
+
+def test_hybrid_diagram_flows_in_the_order_gated_delta_net_computes(toy_layer):
+    fig = diagrams.hybrid_diagram(Qwen35Config(**TOY))
+    main = [xy(one(fig, gid))[1] for gid in MAIN_PATH]
+    assert main == sorted(main), MAIN_PATH
+    module, _ = toy_layer
+    calls = called_order(module, torch.randn(1, 5, TOY["hidden_size"]))
+    drawn = sorted(MODULE_LABELS, key=lambda child: xy(one(fig, MODULE_LABELS[child]))[1])
+    assert drawn == calls == ["in_proj_qkv", "act_fn", "in_proj_b", "in_proj_a", "in_proj_z", "norm", "out_proj"]
+    rule, state = one(fig, "op:rule"), one(fig, "tensor:state")
+    assert abs(xy(rule)[1] - xy(state)[1]) < 0.01 and xy(state)[0] > xy(rule)[0]  # the state beside the rule
+    conv, conv_state = one(fig, "op:conv1d"), one(fig, "tensor:conv_state")
+    assert abs(xy(conv)[1] - xy(conv_state)[1]) < 0.01 and xy(conv_state)[0] > xy(conv)[0]
+
+
+def memory_boxes(fig):
+    return sorted(p.get_gid() for p in fig.axes[0].patches
+                  if isinstance(p, FancyBboxPatch) and p.get_facecolor()[:3] == to_rgb(diagrams.COLOURS["memory"]))
+
+
+@pytest.mark.parametrize("name", ["toy", "default"])
+def test_hybrid_diagram_draws_the_stack_layer_by_layer_and_the_cache_in_the_memory_colour(name):
+    config = hybrid_config(name)
+    fig = diagrams.hybrid_diagram(config)
+    titles = sorted(texts(fig, "title"), key=lambda t: xy(t)[0])
+    middle = (xy(titles[0])[0] + xy(titles[1])[0]) / 2
+    stack = sorted((t for t in texts(fig) if xy(t)[0] < middle and t.get_gid() in
+                    ("norm", "layer:linear_attention", "layer:full_attention", "mlp", "add")), key=lambda t: xy(t)[1])
+    kinds = [t.get_gid().removeprefix("layer:") for t in stack if t.get_gid().startswith("layer:")]
+    assert kinds == config.layer_types[:4] == [LINEAR, LINEAR, LINEAR, FULL]
+    block = ["norm", "mixer", "add", "norm", "mlp", "add"]
+    assert [t.get_gid() if not t.get_gid().startswith("layer:") else "mixer" for t in stack] == block * 4
+    assert [t.get_text() for t in sorted(texts(fig, "layer-index"), key=lambda t: xy(t)[1])] == \
+        [f"layer {i}" for i in range(4)]
+    assert memory_boxes(fig) == ["tensor:conv_state", "tensor:state"]
+    assert "cached" in one(fig, "tensor:state").get_text() and "cached" in one(fig, "tensor:conv_state").get_text()
+    assert bool(texts(fig, "stack")) == (name == "default")  # "× 8" only where the pattern repeats
+
+
+def test_hybrid_diagram_draws_one_layer_of_each_kind_when_the_pattern_does_not_repeat():
+    kinds = [LINEAR] * 5 + [FULL] + [LINEAR] * 2 + [FULL] * 3
+    fig = diagrams.hybrid_diagram(Qwen35Config(num_hidden_layers=11, layer_types=kinds, linear_num_key_heads=4,
+                                               linear_num_value_heads=4))
+    assert [t.get_text() for t in sorted(texts(fig, "layer-index"), key=lambda t: xy(t)[1])] == ["layer 0", "layer 5"]
+    assert one(fig, "stack").get_text() == "one layer of each kind"
+    assert one(fig, "pattern").get_text() == "11 layers: 7 Gated DeltaNet + 4 attention\nlayer_types: L×5 F L×2 F×3"
+    assert "none" in one(fig, "op:repeat").get_text()  # H_v = H_k: nothing repeated
+
+
+def test_hybrid_diagram_gives_every_label_a_gid_and_overlaps_none():
+    for config in (Qwen35Config(**TOY), Qwen35Config()):
+        fig = diagrams.hybrid_diagram(config)
+        gids = {t.get_gid() for t in texts(fig)}
+        assert None not in gids
+        assert set(MAIN_PATH) | {"op:beta", "op:g", "op:z", "tensor:state", "tensor:conv_state", "title", "norm",
+                                 "layer:linear_attention", "layer:full_attention", "mlp", "add", "pattern",
+                                 "final-norm", "head", "tensor:input", "layer-index"} <= gids
+        assert label_collisions(fig) == []
+
+
+def test_the_collision_check_sees_a_label_on_another_and_one_spilling_from_its_box():
+    fig = diagrams.hybrid_diagram(Qwen35Config(**TOY))
+    state = one(fig, "tensor:state")
+    state.set_position(xy(one(fig, "op:rule")))  # planted: the state's label on the rule's
+    assert any(kind == "overlap" for kind, *_ in label_collisions(fig))
+    fig = diagrams.hybrid_diagram(Qwen35Config(**TOY))
+    one(fig, "op:split").set_text("split into heads: q, k [2, 12] and v [4, 8]")  # planted: too long for its box
+    assert ("spills", "split into heads: q, k [2, 12] and v [4, 8]") in label_collisions(fig)
+
+
+@pytest.mark.parametrize("bad", [None, {"hidden_size": 64}, "qwen3_5", BertConfig(**SMALL)])
+def test_hybrid_diagram_wants_a_qwen35_config(bad):
+    with pytest.raises(TypeError, match=r"config must be a tfcore.hybrid.Qwen35Config, got "):
+        diagrams.hybrid_diagram(bad)
+
+
+def label_collisions(fig):
+    """Pairs of labels whose rendered extents overlap, and labels that spill out of the box they sit in."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    extents = [(t, t.get_window_extent(renderer)) for t in texts(fig)]
+    found = [("overlap", a.get_text(), b.get_text())
+             for (a, ea), (b, eb) in itertools.combinations(extents, 2) if ea.overlaps(eb)]
+    boxes = [p.get_window_extent(renderer) for p in fig.axes[0].patches if isinstance(p, FancyBboxPatch)]
+    for text, e in extents:
+        for b in boxes:
+            inside = b.x0 + 2 <= e.x0 and e.x1 <= b.x1 - 2 and b.y0 + 1 <= e.y0 and e.y1 <= b.y1 - 1
+            if b.contains((e.x0 + e.x1) / 2, (e.y0 + e.y1) / 2) and not inside:
+                found.append(("spills", text.get_text()))
+    return found
+
+
 # ------------------------------------------------------------------------- all of them
 
 def every_diagram():
@@ -296,7 +496,8 @@ def every_diagram():
             diagrams.layer_diagram("encoder", (True, False)),
             diagrams.layer_diagram("decoder", (True, False)),
             diagrams.encoder_decoder_diagram(list("8668436"), ["<bos>", "6", "3", "4"]),
-            diagrams.decoder_only_diagram()]
+            diagrams.decoder_only_diagram(),
+            diagrams.hybrid_diagram(Qwen35Config(**TOY))]
 
 
 COLUMN_PX = 760  # the book's text column: a wider PNG is shown scaled down to this width
@@ -327,6 +528,8 @@ def test_sizes_fonts_and_determinism():
     pytest.param(lambda: diagrams.encoder_decoder_diagram(list("8668436"), ["<bos>", "6", "3", "4"]),
                  id="encoder-decoder"),
     pytest.param(lambda: diagrams.decoder_only_diagram(), id="decoder-only"),
+    pytest.param(lambda: diagrams.hybrid_diagram(Qwen35Config(**TOY)), id="hybrid"),
+    pytest.param(lambda: diagrams.hybrid_diagram(Qwen35Config()), id="hybrid-default"),
 ])
 def test_every_diagram_is_legible_at_the_book_column_width(draw):
     """The smallest text is at least 9 px high once the PNG is scaled down to the text column."""

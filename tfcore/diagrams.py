@@ -13,7 +13,9 @@ cell ending with it shows as a PNG, and draws the same picture on every run: no 
   ``embeddings=True``, the whole encoder (chapter 6);
 - ``encoder_decoder_diagram(source, target)``: the whole pre-LN encoder-decoder (chapter 9);
 - ``decoder_only_diagram(kinds)``: GPT-2's and Llama's decoder-only models side by side
-  (chapters 12 and 16; with ``changes=True`` the four changes numbered).
+  (chapters 12 and 16; with ``changes=True`` the four changes numbered);
+- ``hybrid_diagram(config)``: Qwen3.5's hybrid stack and one Gated DeltaNet layer, with the sizes
+  of a ``tfcore.hybrid.Qwen35Config`` (chapter 20).
 
 Every text artist carries a ``gid`` saying what it labels (``"tensor:scores"``,
 ``"op:softmax"``, ``"norm"``, ``"sublayer"``, ``"add"``, ``"head:3"``, ...), so that a test can
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle, FancyBboxPatch, Rectangle
+
+from .hybrid import FULL, LINEAR, GatedDeltaNet, Qwen35Config
 
 FONT = 9        # points, every label
 SMALL = 8       # points, module names and notes: the smallest text drawn
@@ -657,4 +661,205 @@ def chat_template_figure(tokenizer, ids: dict, prompt: str, answer: str):
     ax.set_title(f"{len(sequence)} tokens, {n} targets; the {sum(in_loss)} with an orange frame are in the loss\n"
                  f"(blue: prompt, green: answer, grey: special)", fontsize=9)
     fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------- Qwen3.5's hybrid
+
+LINEAR_COLOUR = "#d9d2e9"  # the Gated DeltaNet's boxes (the attention layers keep COLOURS["attention"])
+_LETTER = {LINEAR: "L", FULL: "F"}
+_STACK_W = 4.6             # drawing units: the stack panel, then the Gated DeltaNet panel
+_NET_W = 8.0
+
+
+def _period(kinds: list) -> int:
+    """The shortest p such that ``kinds`` is its first p entries repeated."""
+    return next(p for p in range(1, len(kinds) + 1) if len(kinds) % p == 0 and kinds == kinds[:p] * (len(kinds) // p))
+
+
+def _stack_rows(kinds: list) -> tuple[list, int]:
+    """Which layers the stack panel draws, and how many times they repeat (0: not a repetition): every layer of a
+    stack of at most 4; else one period of the pattern if it has at most 4 layers; else one layer of each kind."""
+    if len(kinds) <= 4:
+        return list(range(len(kinds))), 1
+    period = _period(kinds)
+    if period <= 4:
+        return list(range(period)), len(kinds) // period
+    return sorted({kind: kinds.index(kind) for kind in kinds}.values()), 0
+
+
+def _pattern_text(kinds: list, rows: list, repeats: int) -> str:
+    """``layer_types`` in letters (L linear, F full): the period drawn, or run lengths ("L×3 F ...")."""
+    if repeats:
+        return "layer_types: " + " ".join(_LETTER[kinds[i]] for i in rows) + (f", × {repeats}" if repeats > 1 else "")
+    runs, i = [], 0
+    while i < len(kinds):
+        j = i
+        while j < len(kinds) and kinds[j] == kinds[i]:
+            j += 1
+        runs.append(_LETTER[kinds[i]] + (f"×{j - i}" if j - i > 1 else ""))
+        i = j
+    lines = ["layer_types:"]
+    for run in runs:
+        if len(lines[-1]) + len(run) > 34:
+            lines.append(" ")
+        lines[-1] += " " + run
+    return "\n".join(lines)
+
+
+def _hybrid_stack_panel(ax, config, x0: float) -> float:
+    """The stack drawn upwards from the left edge ``x0``: the residual stream on the left; each sublayer branches
+    right (RMSNorm, then the mixer or the MLP) and is added back (+). Returns the top of the drawing."""
+    kinds, hidden = config.layer_types, config.hidden_size
+    rows, repeats = _stack_rows(kinds)
+    xs = x0 + 0.6                                 # the residual stream
+    norm_x, norm_w, mix_x, mix_w = xs + 0.85, 1.0, xs + 2.775, 2.35
+    ax.text(xs - 0.3, 0.3, f"token embeddings {_shape('B', 'L', hidden)}", ha="left", va="center", fontsize=SMALL,
+            gid="tensor:input")
+    cursor = first = 0.5
+    mlp = "SwiGLU" if config.hidden_act == "silu" else "gated MLP"
+    for i in rows:
+        if kinds[i] == LINEAR:
+            state = _shape(config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim)
+            mixer = f"Gated DeltaNet\nstate {state}", LINEAR_COLOUR
+        else:
+            heads = f"{config.num_attention_heads} q, {config.num_key_value_heads} kv heads of {config.head_dim}"
+            mixer = f"gated attention\n{heads}", COLOURS["attention"]
+        sublayers = [(mixer, f"layer:{kinds[i]}"),
+                     ((f"{mlp}\n{hidden} → {config.intermediate_size} → {hidden}", COLOURS["feed_forward"]), "mlp")]
+        bottom = cursor
+        for (text, colour), role in sublayers:
+            branch_y = cursor + 0.4
+            ax.plot([xs, xs], [cursor, branch_y], color="black", lw=1.2)
+            ax.add_patch(Circle((xs, branch_y), 0.05, color="black"))
+            norm = _box(ax, norm_x, branch_y, norm_w, 0.34, "RMSNorm", "norm", COLOURS["norm"], fontsize=SMALL)
+            _arrow(ax, (xs, branch_y), norm.left)
+            box = _box(ax, mix_x, branch_y, mix_w, 0.56, text, role, colour, fontsize=SMALL)
+            _arrow(ax, norm.right, box.left)
+            add_y = box.top[1] + 0.2
+            _arrow(ax, (xs, branch_y), (xs, add_y - 0.15))
+            _add(ax, xs, add_y, 0.15)
+            ax.plot([mix_x, mix_x, xs + 0.3], [box.top[1], add_y, add_y], color="black", lw=1.2)
+            _arrow(ax, (xs + 0.3, add_y), (xs + 0.15, add_y))
+            cursor = add_y + 0.15
+        ax.text(xs - 0.3, (bottom + cursor) / 2 + 0.2, f"layer {i}", ha="center", va="center", fontsize=SMALL,
+                rotation=90, gid="layer-index")
+    if repeats > 1:
+        right = mix_x + mix_w / 2 + 0.05
+        ax.add_patch(Rectangle((xs - 0.5, first + 0.05), right - xs + 0.5, cursor - first + 0.1,
+                               fill=False, edgecolor="gray", linestyle="--"))
+        ax.text(right - 0.05, cursor + 0.2, f"× {repeats}", ha="right", va="bottom", fontsize=FONT,
+                color="gray", gid="stack")
+    elif repeats == 0:
+        ax.text(mix_x + mix_w / 2, cursor + 0.02, "one layer of each kind", ha="right", va="bottom", fontsize=SMALL,
+                color="gray", gid="stack")
+    final = _box(ax, xs + 1.0, cursor + 0.45 + 0.17, 2.5, 0.34, "final RMSNorm", "final-norm", COLOURS["norm"],
+                 fontsize=SMALL)
+    _arrow(ax, (xs, cursor), (xs, final.bottom[1]))
+    head = _box(ax, xs + 1.0, final.top[1] + 0.3 + 0.17, 2.5, 0.34, f"lm_head → {_shape('B', 'L', config.vocab_size)}",
+                "head", COLOURS["embedding"], fontsize=SMALL)
+    _arrow(ax, final.top, head.bottom)
+    counts = " + ".join(f"{kinds.count(kind)} {name}" for kind, name in
+                        ((LINEAR, "Gated DeltaNet"), (FULL, "attention")) if kind in kinds)
+    pattern = f"{len(kinds)} layers: {counts}\n{_pattern_text(kinds, rows, repeats)}"
+    if config.hidden_act != "silu":
+        pattern += f"\nhidden_act: {config.hidden_act}"
+    ax.text(x0 + 0.1, head.top[1] + 0.2, pattern, ha="left", va="bottom", fontsize=SMALL, gid="pattern")
+    return head.top[1] + 0.2 + 0.25 * (pattern.count("\n") + 1)
+
+
+def _delta_net_panel(ax, config, x0: float, top: float) -> float:
+    """One Gated DeltaNet layer for one token, drawn upwards from the left edge ``x0`` to about ``top``, in the
+    order ``GatedDeltaNet.forward`` computes: the main path in the middle, what else is computed from x on the
+    left, the cached tensors (memory colour) on the right. Returns the top of the drawing."""
+    hidden, kernel, act = config.hidden_size, config.linear_conv_kernel_dim, config.hidden_act
+    h_k, h_v, d_k, d_v = (config.linear_num_key_heads, config.linear_num_value_heads, config.linear_key_head_dim,
+                          config.linear_value_head_dim)
+    conv_dim = config.conv_dim
+    feed_x, side_x, side_w = x0 + 0.3, x0 + 1.7, 2.5     # the line from x; the boxes it feeds (centre, width)
+    main_x, main_w = x0 + 4.5, 2.6                        # the main path
+    cache_x, cache_w = x0 + 7.05, 1.5                     # what the cache keeps
+    heights = [0.56, 0.56, 0.56, 0.56, 0.56, 1.4, 0.36, 0.56]
+    gap = max(0.32, (top - 0.45 - 0.75 - sum(heights)) / len(heights))
+    cursor = 0.45
+    ax.text(main_x, 0.3, f"x: one token {_shape(hidden)}", ha="center", va="center", fontsize=FONT, gid="tensor:x")
+
+    def step(text, role, colour=COLOURS["tensor"], label=None, label_role="op"):
+        nonlocal cursor
+        height = heights.pop(0)
+        b = _box(ax, main_x, cursor + gap + height / 2, main_w, height, text, role, colour, fontsize=SMALL)
+        _arrow(ax, (main_x, cursor), b.bottom, label, where="right", role=label_role, fontsize=SMALL)
+        cursor = b.top[1]
+        return b
+
+    step(f"in_proj_qkv:\nLinear({hidden}, {conv_dim})", "op:in_proj_qkv")
+    conv = step(f"causal conv1d, kernel {kernel}:\neach channel, its last {kernel}", "op:conv1d",
+                label=f"q, k, v {_shape(conv_dim)}", label_role="tensor:qkv")
+    step(f"split into heads:\nq, k {_shape(h_k, d_k)}; v {_shape(h_v, d_v)}", "op:split", label=f"act: {act}",
+         label_role="op:act")
+    step(f"grouped value heads: q, k\nrepeated × {h_v // h_k} → {_shape(h_v, d_k)}" if h_v > h_k else
+         "grouped value heads: none,\none key head per value head", "op:repeat")
+    step(f"L2-normalise q and k,\nthen q × 1/√{d_k}", "op:l2norm")
+    rule = step("gated delta rule\nS ← αS + β kᵀ(v − α k S)\no = q S, each value head\n"
+                f"prompt: chunks of {GatedDeltaNet.chunk_size}\nnew token: one step", "op:rule", LINEAR_COLOUR)
+    gated = step("RMSNorm(o) · silu(z)", "op:gated_norm", label=f"o {_shape(h_v, d_v)}", label_role="tensor:o")
+    out = step(f"out_proj:\nLinear({h_v * d_v}, {hidden})", "op:out_proj", label=f"{_shape(h_v, d_v)}",
+               label_role="tensor:gated")
+    _arrow(ax, out.top, (main_x, out.top[1] + 0.25))
+    ax.text(main_x, out.top[1] + 0.42, f"output {_shape(hidden)}", ha="center", va="center", fontsize=FONT,
+            gid="tensor:output")
+
+    # computed from x, on the left, upwards in the order forward computes them: beta and g into the rule, z into
+    # the gated norm
+    feeds = [(rule.y - 0.5, 0.56, f"β = sigmoid(in_proj_b x)\n{_shape(h_v)}: write strength", "op:beta", rule),
+             (rule.y + 0.35, 1.0, f"g = −exp(A_log) ·\nsoftplus(in_proj_a x\n+ dt_bias) {_shape(h_v)}\ndecay α = e^g",
+              "op:g", rule),
+             (gated.y, 0.56, f"z = in_proj_z x\n{_shape(h_v, d_v)}: output gate", "op:z", gated)]
+    branch = (main_x, 0.45 + gap / 2)
+    ax.add_patch(Circle(branch, 0.05, color="black"))
+    ax.plot([branch[0], feed_x, feed_x], [branch[1], branch[1], feeds[-1][0]], color="black", lw=1.2)
+    for y, height, text, role, target in feeds:
+        b = _box(ax, side_x, y, side_w, height, text, role, COLOURS["tensor"], fontsize=SMALL)
+        _arrow(ax, (feed_x, y), b.left)
+        _arrow(ax, b.right, (target.left[0], y))
+    # on the right, what the cache keeps: the convolution's last inputs and the delta rule's state
+    conv_state = _box(ax, cache_x, conv.y, cache_w, 0.75, f"conv state\n{_shape(conv_dim, kernel - 1)}\ncached",
+                      "tensor:conv_state", COLOURS["memory"], fontsize=SMALL)
+    _arrow(ax, (conv_state.left[0], conv.y + 0.12), (conv.right[0], conv.y + 0.12))
+    _arrow(ax, (conv.right[0], conv.y - 0.12), (conv_state.left[0], conv.y - 0.12))
+    state = _box(ax, cache_x, rule.y, cache_w, 0.75, f"state S\n{_shape(h_v, d_k, d_v)}\ncached",
+                 "tensor:state", COLOURS["memory"], fontsize=SMALL)
+    _arrow(ax, (rule.right[0], rule.y + 0.25), (state.left[0], state.y + 0.25), rad=-0.35)
+    _arrow(ax, (state.left[0], state.y - 0.25), (rule.right[0], rule.y - 0.25), rad=-0.35)
+    ax.text(cache_x, state.top[1] + 0.08, "carried to\nthe next token", ha="center", va="bottom", fontsize=SMALL,
+            gid="note")
+    return out.top[1] + 0.6
+
+
+def hybrid_diagram(config) -> Diagram:
+    """Qwen3.5's hybrid (``tfcore.hybrid.Qwen35``) with the sizes of ``config``, a ``tfcore.hybrid.Qwen35Config``.
+
+    Left, the stack as ``config.layer_types`` orders it, drawn upwards: the residual stream, and in each block an
+    RMSNorm then the token mixer (a Gated DeltaNet or a gated attention layer), added back (+), then an RMSNorm
+    then the gated MLP, added back. A stack of more than 4 layers is drawn as one period of its pattern and
+    "× repeats" (one layer of each kind if the period is longer than 4); the count of each kind and the pattern
+    (L linear, F full) are written above it. Right, one Gated DeltaNet layer for one token, in the order
+    ``GatedDeltaNet.forward`` computes, with the per-token shapes: ``in_proj_qkv``, the causal convolution, the
+    activation, the split into heads, the key heads repeated for the value heads, the L2 norm of q and k (inside
+    the rule functions, after the repeat, as in transformers), the gated delta rule with its state
+    ``S [H_v, d_k, d_v]``, ``RMSNorm(o) · silu(z)``, ``out_proj``. beta, g and z are computed from x (left); what
+    the cache keeps, the convolution state ``[conv_dim, K - 1]`` and S, is in the memory colour (right).
+    """
+    if not isinstance(config, Qwen35Config):
+        raise TypeError(f"config must be a tfcore.hybrid.Qwen35Config, got {type(config).__name__}; for a "
+                        f"transformers model, pass tfcore.Qwen35.from_transformers(model).config")
+    width = _STACK_W + _NET_W
+    fig, ax = _canvas(width, 14)
+    stack_top = _hybrid_stack_panel(ax, config, 0.0)
+    top = max(stack_top, _delta_net_panel(ax, config, _STACK_W, stack_top))
+    ax.text(_STACK_W / 2, top + 0.25, "the stack (tfcore.Qwen35)", ha="center", va="center", fontsize=FONT + 1,
+            gid="title")
+    ax.text(_STACK_W + _NET_W / 2, top + 0.25, "one Gated DeltaNet layer, one token", ha="center", va="center",
+            fontsize=FONT + 1, gid="title")
+    _fit(fig, ax, width, top + 0.55)
     return fig
