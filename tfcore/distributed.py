@@ -1,0 +1,654 @@
+"""Training across processes: collectives, data parallelism, ZeRO-1 and FSDP, built on torch.distributed.
+
+Everything here runs on CPUs over the gloo backend, ``world_size`` processes on one machine:
+
+- ``launch(worker, world_size, *args)`` spawns the processes, runs ``worker(rank, world_size, *args)``
+  in each and returns their results, rank by rank; a worker's exception is raised in the parent.
+- ``broadcast``, ``all_reduce``, ``all_gather``, ``reduce_scatter``: torch.distributed's collectives,
+  each also adding to ``traffic`` the elements one rank sends under the ring algorithm
+  (``ring_elements``).
+- ``average_gradients`` (all-reduce after backward), ``BucketedDDP`` (buckets reduced during
+  backward), ``ZeroAdamW`` (AdamW's state sharded, ZeRO-1) and ``ShardedModel`` (parameters sharded
+  per layer, FSDP / ZeRO-3): data parallelism from scratch.
+- ``train_worker`` trains ``tfcore.GPT`` with one of ``SCHEMES`` (ours, and PyTorch's
+  ``DistributedDataParallel`` and ``fully_shard``); ``train`` runs it from the parent, and
+  ``train_single`` is the one-process reference on the whole batch.
+
+The workers live in this module so that spawned processes can import them (a function defined in a
+notebook cannot be sent to a spawned process). Tensors are flat 1-D unless a shape is given.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import queue as queue_module
+import socket
+import sys
+import time
+import traceback
+from collections import Counter
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+SCHEMES = ("ddp", "bucketed", "zero1", "fsdp", "torch_ddp", "torch_fsdp")
+# AdamW as chapter 14 trains the GPT (lr 3e-3, betas (0.9, 0.95), weight decay 0.1 on every parameter)
+ADAMW = {"lr": 3e-3, "betas": (0.9, 0.95), "weight_decay": 0.1}
+
+# ---------------------------------------------------------------------------------------------- launching
+
+
+class WorkerError(RuntimeError):
+    """A worker raised: ``rank`` is the process, the message holds its exception and traceback."""
+
+    def __init__(self, rank: int, message: str):
+        super().__init__(message)
+        self.rank = rank
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago: the operating system's answer to binding port 0."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(port: int) -> int:
+    """``port`` if nothing listens on it, else a ValueError that names the fix."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"port must be a whole number in 1..65535, got {port!r}; pass port=None to pick a free one")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as error:
+            raise ValueError(f"port {port} is in use ({error.strerror}); pass port=None to pick a free one, "
+                             f"or another port") from None
+    return port
+
+
+def _run_rank(worker, rank, world_size, port, timeout, results, args):
+    """The body of each spawned process: one thread, the process group, the worker, its result sent back."""
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=timeout))
+        result = worker(rank, world_size, *args)
+        results.put((rank, True, pickle.dumps(result)))  # bytes: no shared memory outlives the process
+    except BaseException as error:  # noqa: BLE001 - every failure goes back to the parent
+        text = "".join(traceback.format_exception(error))
+        results.put((rank, False, f"{type(error).__name__}: {error}\n\n{text}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launch(worker, world_size: int, *args, timeout: float = 120.0, port: int | None = None) -> list:
+    """Run ``worker(rank, world_size, *args)`` in ``world_size`` new processes; return their results.
+
+    Each process is spawned (``torch.multiprocessing``, start method "spawn", so it works from a
+    notebook), runs one thread, and joins a gloo process group that meets on ``127.0.0.1:port``
+    (``port=None``: a free port, found by binding port 0; a given port in use is refused with a
+    ValueError, not retried). ``worker`` must be importable by name (defined in a module, such as
+    this one) and return something picklable. Returns ``[result of rank 0, ..., rank world_size - 1]``.
+
+    If a worker raises, the parent raises ``WorkerError`` with its rank, exception and traceback; if
+    a process dies without a word, or ``timeout`` seconds pass, a RuntimeError / TimeoutError. In every
+    case each process is joined, or killed, before ``launch`` returns or raises.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a whole number >= 1, got {world_size!r}")
+    if not callable(worker):
+        raise TypeError(f"worker must be a function worker(rank, world_size, *args), got {type(worker).__name__}")
+    if getattr(worker, "__module__", None) == "__main__" and not hasattr(sys.modules["__main__"], "__file__") \
+            or "<locals>" in getattr(worker, "__qualname__", ""):
+        raise TypeError(f"worker {getattr(worker, '__qualname__', worker)!r} cannot be imported by a spawned "
+                        f"process: define it at the top level of a module (a .py file), not in a notebook or "
+                        f"inside a function")
+    if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0):
+        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    port = free_port() if port is None else check_port_free(port)
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_run_rank, args=(worker, rank, world_size, port, timeout, results, args),
+                                 daemon=True) for rank in range(world_size)]
+    collected = {}
+    try:
+        for process in processes:
+            process.start()
+        deadline = time.monotonic() + timeout
+        while len(collected) < world_size:
+            try:
+                rank, ok, payload = results.get(timeout=0.05)
+            except queue_module.Empty:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the workers did not finish within timeout={timeout} s; every process "
+                                       f"was killed; raise the timeout or shrink the work") from None
+                for rank, process in enumerate(processes):
+                    if rank not in collected and process.exitcode not in (None, 0):
+                        raise RuntimeError(f"rank {rank} died (exit code {process.exitcode}) before sending its "
+                                           f"result; every process was killed")
+                continue
+            if not ok:
+                raise WorkerError(rank, f"rank {rank} raised {payload}")
+            collected[rank] = pickle.loads(payload)
+        for process in processes:
+            process.join(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+            process.join()
+        results.close()
+    return [collected[rank] for rank in range(world_size)]
+
+
+# ------------------------------------------------------------------------------- counted collectives
+
+traffic: Counter = Counter()  # {collective: elements sent by this rank under the ring algorithm}
+
+
+def ring_elements(op: str, numel: int, world_size: int) -> float:
+    """Elements one rank sends in a ring collective over ``p = world_size`` ranks.
+
+    ``numel`` is the size of the whole tensor: the all-reduced one, the gathered output of an
+    all-gather, the input of a reduce-scatter. Ring all-reduce = reduce-scatter then all-gather,
+    ``2 (p - 1) / p x N``; all-gather and reduce-scatter ``(p - 1) / p x N`` (each rank passes on
+    ``p - 1`` chunks of ``N / p``); a broadcast along a chain sends ``N`` from every rank but the
+    last, ``(p - 1) / p x N`` on average.
+    """
+    factor = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "broadcast": 1}
+    if op not in factor:
+        raise ValueError(f"op must be one of {sorted(factor)}, got {op!r}")
+    return factor[op] * (world_size - 1) * numel / world_size
+
+
+def _count(op: str, numel: int):
+    traffic[op] += ring_elements(op, numel, dist.get_world_size())
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0):
+    """Every rank's ``tensor`` becomes rank ``src``'s (in place)."""
+    _count("broadcast", tensor.numel())
+    dist.broadcast(tensor, src)
+
+
+def all_reduce(tensor: torch.Tensor, async_op: bool = False):
+    """Every rank's ``tensor`` becomes the sum over ranks (in place); ``async_op=True`` returns a handle
+    whose ``wait()`` must return before the tensor is read."""
+    _count("all_reduce", tensor.numel())
+    return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=async_op)
+
+
+def all_gather(output: torch.Tensor, shard: torch.Tensor):
+    """``output [p x n]`` = the ``shard [n]`` of rank 0, then rank 1, ... (the same on every rank)."""
+    if output.numel() != shard.numel() * dist.get_world_size():
+        raise ValueError(f"all_gather needs output of world_size x {shard.numel()} elements, got {output.numel()}")
+    _count("all_gather", output.numel())
+    dist.all_gather_single(output, shard)
+
+
+def reduce_scatter(shard: torch.Tensor, tensor: torch.Tensor):
+    """``shard [n]`` of rank r = chunk r of the sum over ranks of ``tensor [p x n]``."""
+    if tensor.numel() != shard.numel() * dist.get_world_size():
+        raise ValueError(f"reduce_scatter needs input of world_size x {shard.numel()} elements, got {tensor.numel()}")
+    _count("reduce_scatter", tensor.numel())
+    dist.reduce_scatter_single(shard, tensor, op=dist.ReduceOp.SUM)
+
+
+def collectives_worker(rank: int, world_size: int) -> dict:
+    """The four collectives on small tensors: what each rank holds after each, and what it sent.
+
+    Rank r starts from ``x = [10r + 1, 10r + 2, ..., 10r + 2p]`` (``2p`` integers, exact in float32).
+    """
+    traffic.clear()
+    x = torch.arange(1.0, 2 * world_size + 1) + 10 * rank
+    out = {"x": x.clone()}
+    out["broadcast"] = x.clone()
+    broadcast(out["broadcast"], src=0)
+    out["all_reduce"] = x.clone()
+    all_reduce(out["all_reduce"])
+    out["all_gather"] = x.new_empty(world_size * x.numel())
+    all_gather(out["all_gather"], x)
+    out["reduce_scatter"] = x.new_empty(x.numel() // world_size)
+    reduce_scatter(out["reduce_scatter"], x)
+    out["traffic"] = dict(traffic)
+    return out
+
+
+# ---------------------------------------------------------------------------------- data parallelism
+
+
+def split_batch(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank ``rank``'s rows of ``batch [B, ...]``: rows ``rank x B/p`` to ``(rank + 1) x B/p``.
+
+    ``B`` must be a multiple of ``p = world_size`` (a ValueError otherwise): with equal slices, the
+    mean of the ranks' mean losses is the mean loss of the whole batch.
+    """
+    if batch.shape[0] % world_size:
+        raise ValueError(f"a batch of {batch.shape[0]} rows cannot be split evenly over {world_size} processes; "
+                         f"use a batch size that is a multiple of world_size")
+    size = batch.shape[0] // world_size
+    return batch[rank * size:(rank + 1) * size]
+
+
+def broadcast_parameters(model: nn.Module, src: int = 0):
+    """Every rank's parameters become rank ``src``'s: the same starting point everywhere."""
+    with torch.no_grad():
+        for p in model.parameters():
+            broadcast(p.data, src)
+
+
+def average_gradients(model: nn.Module):
+    """After ``loss.backward()``: each gradient becomes its mean over ranks (all-reduce, then / p)."""
+    world_size = dist.get_world_size()
+    for p in model.parameters():
+        if p.grad is not None:
+            all_reduce(p.grad)
+            p.grad.div_(world_size)
+
+
+class Bucket:
+    """Consecutive parameters whose gradients are all-reduced together, as one flat tensor."""
+
+    def __init__(self, params: list[nn.Parameter]):
+        self.params = params
+        self.ready = 0  # how many of the parameters have their gradient for this step
+        self.flat = None  # the flat gradients [sum of numels] while being reduced
+        self.handle = None  # the async all-reduce's handle
+
+
+class BucketedDDP:
+    """Gradients all-reduced in buckets of about ``bucket_bytes``, launched during backward.
+
+    Parameters go into buckets in reverse order (``model.parameters()`` reversed: the order their
+    gradients tend to arrive). A hook (``register_post_accumulate_grad_hook``) fires when a
+    gradient is complete; when a bucket's last one arrives, its gradients are copied into one
+    flat tensor and an asynchronous all-reduce starts, while backward goes on. ``finish()``, after
+    ``loss.backward()`` and before ``optimizer.step()``, waits on each handle, divides by ``p``
+    and copies the means back into ``.grad``. Every parameter must get a gradient each step.
+    """
+
+    def __init__(self, model: nn.Module, bucket_bytes: int = 2 ** 14):
+        self.world_size = dist.get_world_size()
+        self.buckets, current, size = [], [], 0
+        for p in reversed([p for p in model.parameters() if p.requires_grad]):
+            current.append(p)
+            size += p.numel() * p.element_size()
+            if size >= bucket_bytes:
+                self.buckets.append(Bucket(current))
+                current, size = [], 0
+        if current:
+            self.buckets.append(Bucket(current))
+        self.bucket_of = {p: bucket for bucket in self.buckets for p in bucket.params}
+        self.done_before_wait = []  # per step: buckets whose all-reduce had finished when finish() began
+        for p in self.bucket_of:
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _grad_ready(self, param: torch.Tensor):
+        bucket = self.bucket_of[param]
+        bucket.ready += 1
+        if bucket.ready == len(bucket.params):
+            self._launch(bucket)
+
+    def _launch(self, bucket: Bucket):
+        if bucket.handle is not None:
+            raise RuntimeError("a bucket was launched twice in one step; call finish() after each backward")
+        bucket.flat = torch.cat([p.grad.flatten() for p in bucket.params])
+        bucket.handle = all_reduce(bucket.flat, async_op=True)
+
+    def _wait(self, bucket: Bucket):
+        bucket.handle.wait()
+
+    def finish(self):
+        """Wait for every bucket's all-reduce, then set each ``.grad`` to its mean over ranks."""
+        self.done_before_wait.append(sum(b.handle is not None and b.handle.is_completed() for b in self.buckets))
+        for bucket in self.buckets:
+            if bucket.handle is None:
+                raise RuntimeError(f"{len(bucket.params) - bucket.ready} parameter(s) of a bucket got no gradient "
+                                   f"in this backward; every parameter must take part in the loss")
+            self._wait(bucket)
+            bucket.flat.div_(self.world_size)
+            offset = 0
+            for p in bucket.params:
+                p.grad.copy_(bucket.flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+            bucket.ready, bucket.flat, bucket.handle = 0, None, None
+
+
+# -------------------------------------------------------------------------------------------- ZeRO-1
+
+
+def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
+    """``(start, end)`` of rank ``rank``'s shard of a flat tensor of ``numel`` elements (a multiple of p)."""
+    size = numel // world_size
+    return rank * size, (rank + 1) * size
+
+
+def padded(numel: int, world_size: int) -> int:
+    """``numel`` rounded up to a multiple of ``world_size``, so that every shard has the same size."""
+    return math.ceil(numel / world_size) * world_size
+
+
+def flatten(tensors, numel: int) -> torch.Tensor:
+    """The tensors one after the other, flat, zero-padded to ``numel`` elements."""
+    flat = torch.cat([t.flatten() for t in tensors])
+    return F.pad(flat, (0, numel - flat.numel()))
+
+
+class ZeroAdamW:
+    """AdamW whose state lives in shards: each rank keeps the moments of its ``1/p`` of the parameters (ZeRO-1).
+
+    The parameters, flattened one after the other and zero-padded to ``Psi_pad`` (a multiple of
+    ``p``), are cut into ``p`` shards; rank r holds a copy of shard r and an ``torch.optim.AdamW``
+    over it only. ``step()``, after ``loss.backward()``: the gradients, flattened the same way, are
+    reduce-scattered (rank r receives the sum of shard r, then / p), each rank steps its shard, and
+    the updated shards are all-gathered back into every rank's parameters. AdamW acts on each
+    element alone, so stepping shards gives what one AdamW over all parameters gives.
+    """
+
+    def __init__(self, params, **adamw):
+        self.params = [p for p in params if p.requires_grad]
+        self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+        self.numel = padded(sum(p.numel() for p in self.params), self.world_size)
+        start, end = shard_range(self.numel, self.rank, self.world_size)
+        self.shard = nn.Parameter(flatten([p.detach() for p in self.params], self.numel)[start:end].clone())
+        self.optimizer = torch.optim.AdamW([self.shard], **adamw)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        grads = flatten([p.grad for p in self.params], self.numel)
+        self.shard.grad = grads.new_empty(self.shard.numel())
+        reduce_scatter(self.shard.grad, grads)
+        self.shard.grad.div_(self.world_size)
+        self.optimizer.step()
+        full = grads.new_empty(self.numel)
+        all_gather(full, self.shard.detach())
+        offset = 0
+        for p in self.params:
+            p.copy_(full[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+    def state_bytes(self) -> int:
+        """Bytes of AdamW's two moments on this rank (``exp_avg`` and ``exp_avg_sq``; not its step counter)."""
+        state = self.optimizer.state[self.shard]
+        return sum(state[k].numel() * state[k].element_size() for k in ("exp_avg", "exp_avg_sq") if k in state)
+
+
+# ---------------------------------------------------------------------------------------------- FSDP
+
+
+class _Gather(torch.autograd.Function):
+    """Forward: all-gather a unit's shards into its full flat parameters. Backward: reduce-scatter the
+    gradient of the full parameters, so each rank gets the mean gradient of its shard."""
+
+    @staticmethod
+    def forward(ctx, shard, unit):
+        ctx.unit = unit
+        full = shard.new_empty(shard.numel() * unit.world_size)
+        all_gather(full, shard)
+        return full
+
+    @staticmethod
+    def backward(ctx, grad_full):
+        unit = ctx.unit
+        grad_shard = grad_full.new_empty(grad_full.numel() // unit.world_size)
+        reduce_scatter(grad_shard, grad_full.contiguous())
+        unit.free()  # the last use of the gathered parameters in this step
+        return grad_shard.div_(unit.world_size), None
+
+
+class FlatUnit:
+    """One unit of ``ShardedModel``: some parameters of a module, flattened, padded and sharded.
+
+    ``places`` lists where each parameter lives, ``[(module, attribute name), ...]`` per parameter
+    (a tied parameter has two places). ``shard`` (``[Psi_unit_pad / p]``) is the only copy this
+    rank keeps between steps. ``gather()`` builds the full flat parameters (``_Gather``) and points
+    every place at a view of them; ``free()`` releases their memory (``untyped_storage().resize_(0)``:
+    the views stay, empty); ``regather()`` refills the same memory, in backward, before the unit's
+    gradients are computed.
+    """
+
+    def __init__(self, params: list[nn.Parameter], places: list[list[tuple[nn.Module, str]]], rank: int,
+                 world_size: int, stats: dict):
+        self.places, self.world_size, self.stats = places, world_size, stats
+        self.shapes = [p.shape for p in params]
+        self.numel = padded(sum(p.numel() for p in params), world_size)
+        start, end = shard_range(self.numel, rank, world_size)
+        self.shard = nn.Parameter(flatten([p.detach() for p in params], self.numel)[start:end].clone())
+        self.full = None
+        for where in places:
+            for module, name in where:
+                del module._parameters[name]  # from now on a plain attribute, set by gather()
+
+    def gather(self):
+        self.full = _Gather.apply(self.shard, self)
+        self._held(+1)
+        offset = 0
+        for shape, where in zip(self.shapes, self.places):
+            view = self.full[offset:offset + shape.numel()].view(shape)
+            for module, name in where:
+                setattr(module, name, view)
+            offset += shape.numel()
+
+    def free(self):
+        if self.full is not None and self.full.untyped_storage().size() > 0:
+            self.full.untyped_storage().resize_(0)
+            self._held(-1)
+
+    def regather(self, grad=None):
+        if self.full.untyped_storage().size() == 0:
+            self.full.untyped_storage().resize_(self.numel * self.full.element_size())
+            all_gather(self.full.data, self.shard.detach())  # .data: saved views keep their version
+            self._held(+1)
+
+    def _held(self, sign: int):
+        self.stats["held"] += sign * self.numel * self.shard.element_size()
+        self.stats["peak"] = max(self.stats["peak"], self.stats["held"])
+
+
+class ShardedModel(nn.Module):
+    """FSDP from scratch (ZeRO-3): ``model``'s parameters sharded per unit, gathered only when needed.
+
+    The units are each module in ``layers`` (``model.blocks`` for the GPT) and the rest of
+    ``model`` (embeddings, final norm, output layer, tied or not). A unit is all-gathered just before
+    its forward and freed just after; in backward it is gathered again (a hook on its output's
+    gradient) and, after its gradients are computed, they are reduce-scattered to the shards and
+    the full parameters freed. The rest of the model is gathered for the whole forward (the output
+    layer runs last). ``parameters()`` are the shards: give them to ``torch.optim.AdamW``.
+    Preconditions: the same parameters on every rank (``broadcast_parameters`` first), and every
+    parameter used in each forward.
+    ``forward(*args)`` is ``model``'s; ``full_parameters()`` gathers ``{name: full tensor}``.
+    """
+
+    def __init__(self, model: nn.Module, layers):
+        super().__init__()
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        self.model_ = [model]  # a list: not a sub-module, so parameters() are the shards only
+        self.stats = {"held": 0, "peak": 0}
+        self.names = {id(p): name for name, p in model.named_parameters()}
+        taken, plan = set(), []  # plan: (layer, its parameters, their places), before any is replaced
+        for layer in list(layers) + [model]:
+            found = {}  # id -> (parameter, places): a tied parameter has one entry and two places
+            for module in layer.modules():
+                for name, p in module._parameters.items():
+                    if p is not None and id(p) not in taken:
+                        found.setdefault(id(p), (p, []))[1].append((module, name))
+            taken |= set(found)
+            plan.append((layer, [p for p, _ in found.values()], [where for _, where in found.values()]))
+        self.order = [[self.names[id(p)] for p in params] for _, params, _ in plan]
+        self.units = []
+        for layer, params, places in plan:
+            unit = FlatUnit(params, places, rank, world_size, self.stats)
+            layer.register_forward_pre_hook(lambda module, args, unit=unit: unit.gather())
+            layer.register_forward_hook(lambda module, args, output, unit=unit: self._after(unit, output))
+            self.units.append(unit)
+        self.shards = nn.ParameterList([unit.shard for unit in self.units])
+
+    @staticmethod
+    def _after(unit: FlatUnit, output: torch.Tensor):
+        unit.free()
+        if output.requires_grad:
+            output.register_hook(unit.regather)
+
+    def forward(self, *args, **kwargs):
+        return self.model_[0](*args, **kwargs)
+
+    @torch.no_grad()
+    def full_parameters(self) -> dict:
+        """``{name: tensor}`` of the whole model, gathered from the shards (a collective: call on every rank)."""
+        out = {}
+        for unit, names in zip(self.units, self.order):
+            full = unit.shard.new_empty(unit.numel)
+            all_gather(full, unit.shard.detach())
+            offset = 0
+            for name, shape in zip(names, unit.shapes):
+                out[name] = full[offset:offset + shape.numel()].view(shape).clone()
+                offset += shape.numel()
+        return out
+
+
+# -------------------------------------------------------------------------------------- training GPT
+
+
+def make_model(config, dtype: torch.dtype, seed: int, random_norms: bool = False) -> nn.Module:
+    """``tfcore.GPT(config)`` in ``dtype``, its weights drawn with ``seed``; ``random_norms=True`` also
+    draws every LayerNorm weight (1 + normal(0, 0.1)) and bias (normal(0, 0.1)), so none is trivially equal."""
+    from .gpt import GPT
+
+    torch.manual_seed(seed)
+    model = GPT(config).to(dtype)
+    if random_norms:
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, nn.LayerNorm):
+                    module.weight.normal_(1.0, 0.1)
+                    module.bias.normal_(0.0, 0.1)
+    return model
+
+
+def lm_loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """The book's loss (chapter 14): mean cross-entropy of each next token of ``ids [B, L + 1]``."""
+    return F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+
+
+def check_batches(batches: torch.Tensor, world_size: int):
+    """``batches [steps, B, L + 1]`` of token ids, ``B`` a multiple of ``world_size``: a ValueError otherwise."""
+    if not isinstance(batches, torch.Tensor) or batches.dim() != 3 or batches.is_floating_point():
+        got = tuple(batches.shape) if isinstance(batches, torch.Tensor) else type(batches).__name__
+        raise ValueError(f"batches must be token ids [steps, B, L + 1], got {got}")
+    if batches.shape[1] % world_size:
+        raise ValueError(f"a batch of {batches.shape[1]} rows cannot be split evenly over {world_size} processes; "
+                         f"use a batch size that is a multiple of world_size")
+
+
+def train_single(config, batches: torch.Tensor, dtype=torch.float64, seed: int = 0, random_norms: bool = False,
+                 adamw: dict | None = None) -> dict:
+    """The reference: one process, the whole batch, ``torch.optim.AdamW``. Returns ``{name: parameter}``."""
+    model = make_model(config, dtype, seed, random_norms)
+    optimizer = torch.optim.AdamW(model.parameters(), **(adamw or ADAMW))
+    for ids in batches:
+        optimizer.zero_grad()
+        lm_loss(model, ids).backward()
+        optimizer.step()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch.Tensor, dtype=torch.float64,
+                 seed: int = 0, random_norms: bool = False, adamw: dict | None = None,
+                 bucket_bytes: int = 2 ** 14) -> dict:
+    """Train ``tfcore.GPT(config)`` on ``batches [steps, B, L + 1]`` with ``scheme``, this rank on its ``B/p`` rows.
+
+    Each rank draws its own weights (seed ``seed + rank``), so the broadcast from rank 0 is what makes
+    them equal. Returns ``params`` ``{name: tensor}`` after the last step, ``traffic`` (elements this
+    rank sent in the last step, by collective; our schemes only), ``state_bytes`` (AdamW's moments
+    on this rank), ``param_bytes`` (parameters kept between steps on this rank), ``peak_param_bytes``
+    (the most parameter bytes alive at once, FSDP) and ``seconds`` (wall time of each step).
+    """
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+    adamw = adamw or ADAMW
+    model = make_model(config, dtype, seed + rank, random_norms)
+    broadcast_parameters(model)
+    out = {"peak_param_bytes": None, "done_before_wait": None}
+    if scheme == "torch_ddp":
+        net = DistributedDataParallel(model)
+    elif scheme == "torch_fsdp":
+        for block in model.blocks:
+            fully_shard(block)
+        net = fully_shard(model)
+    elif scheme == "fsdp":
+        net = ShardedModel(model, model.blocks)
+    else:
+        net = model
+    if scheme == "zero1":
+        optimizer = ZeroAdamW(model.parameters(), **adamw)
+    else:
+        optimizer = torch.optim.AdamW(net.parameters(), **adamw)
+    ddp = BucketedDDP(model, bucket_bytes) if scheme == "bucketed" else None
+    seconds = []
+    for ids in batches:
+        start = time.perf_counter()
+        traffic.clear()
+        optimizer.zero_grad()
+        lm_loss(net, split_batch(ids, rank, world_size)).backward()
+        if scheme == "ddp":
+            average_gradients(model)
+        elif scheme == "bucketed":
+            ddp.finish()
+        optimizer.step()
+        seconds.append(time.perf_counter() - start)
+        out["traffic"] = dict(traffic)
+    if scheme == "fsdp":
+        out["params"] = net.full_parameters()
+        out["param_bytes"] = sum(u.shard.numel() * u.shard.element_size() for u in net.units)
+        out["peak_param_bytes"] = net.stats["peak"]
+    elif scheme == "torch_fsdp":
+        out["params"] = {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}
+        out["param_bytes"] = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+    else:
+        out["params"] = {name: p.detach().clone() for name, p in model.named_parameters()}
+        out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    if scheme == "zero1":
+        out["state_bytes"] = optimizer.state_bytes()
+    else:
+        out["state_bytes"] = sum(s[k].numel() * s[k].element_size() for s in optimizer.state.values()
+                                 for k in ("exp_avg", "exp_avg_sq"))
+        if scheme == "torch_fsdp":  # DTensor moments: this rank's local shards
+            out["state_bytes"] = sum(s[k].to_local().numel() * s[k].element_size()
+                                     for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq"))
+    if ddp is not None:
+        out["done_before_wait"] = ddp.done_before_wait
+    out["seconds"] = seconds
+    return out
+
+
+def train(scheme: str, config, batches: torch.Tensor, world_size: int = 2, timeout: float = 120.0, **options) -> list:
+    """``train_worker`` in ``world_size`` processes (``launch``); one result per rank. The batch size is
+    checked against ``world_size`` before any process starts."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+    check_batches(batches, world_size)
+    return launch(train_worker, world_size, scheme, config, batches, *_options(options), timeout=timeout)
+
+
+def _options(options: dict) -> tuple:
+    names = ("dtype", "seed", "random_norms", "adamw", "bucket_bytes")
+    unknown = set(options) - set(names)
+    if unknown:
+        raise TypeError(f"unknown option(s) {sorted(unknown)}; train takes {', '.join(names)}")
+    defaults = {"dtype": torch.float64, "seed": 0, "random_norms": False, "adamw": None, "bucket_bytes": 2 ** 14}
+    defaults.update(options)
+    return tuple(defaults[n] for n in names)
