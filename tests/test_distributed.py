@@ -195,17 +195,13 @@ def test_every_scheme_equals_one_process(runs, single, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_ours_bit_equal_to_each_other_and_to_pytorch_ddp(runs, dtype):
+def test_ours_bit_equal_to_each_other_and_to_pytorch(runs, dtype):
     """Every scheme sums the two ranks' gradients (a + b, the same on both ranks) and halves them (exact in
-    binary), and AdamW acts element by element, so ours and DistributedDataParallel agree to the last bit."""
+    binary), and AdamW acts element by element, so ours, DistributedDataParallel and fully_shard (FSDP2)
+    agree to the last bit (measured: torch 2.13, gloo, two processes)."""
     reference = runs[0]["torch_ddp", dtype]["params"]
-    for scheme in OURS:
+    for scheme in OURS + ("torch_fsdp",):
         assert bit_equal(runs[0][scheme, dtype]["params"], reference), scheme
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_fsdp_equals_pytorch_fully_shard(runs, dtype):
-    assert gap(runs[0]["fsdp", dtype]["params"], runs[0]["torch_fsdp", dtype]["params"]) < TOLERANCE[dtype]
 
 
 def test_float64_gap_to_one_process_is_rounding(runs, single):
@@ -239,7 +235,11 @@ def test_optimizer_state_and_parameter_bytes_per_rank(runs, dtype):
         assert r["zero1", dtype]["state_bytes"] == 2 * size * D.padded(psi(), P) // P
         assert r["fsdp", dtype]["state_bytes"] == 2 * size * psi(pad_per_unit=True) // P
         assert r["fsdp", dtype]["param_bytes"] == size * psi(pad_per_unit=True) // P
-        assert r["fsdp", dtype]["param_bytes"] < r["fsdp", dtype]["peak_param_bytes"] < size * psi()
+        # at most the rest (embeddings, final norm, output layer: gathered for the whole forward) and one block
+        model = D.make_model(CONFIG, dtype, 0)
+        rest = psi() - sum(p.numel() for p in model.blocks.parameters())
+        block = D.padded(sum(p.numel() for p in model.blocks[0].parameters()), P)
+        assert r["fsdp", dtype]["peak_param_bytes"] == size * (D.padded(rest, P) + block) < size * psi()
 
 
 # ------------------------------------------------------------------------------------------ planted
