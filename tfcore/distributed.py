@@ -21,7 +21,6 @@ notebook cannot be sent to a spawned process). Tensors are flat 1-D unless a sha
 from __future__ import annotations
 
 import math
-import os
 import pickle
 import queue as queue_module
 import socket
@@ -105,8 +104,8 @@ def launch(worker, world_size: int, *args, timeout: float = 120.0, port: int | N
         raise ValueError(f"world_size must be a whole number >= 1, got {world_size!r}")
     if not callable(worker):
         raise TypeError(f"worker must be a function worker(rank, world_size, *args), got {type(worker).__name__}")
-    if getattr(worker, "__module__", None) == "__main__" and not hasattr(sys.modules["__main__"], "__file__") \
-            or "<locals>" in getattr(worker, "__qualname__", ""):
+    in_notebook = getattr(worker, "__module__", None) == "__main__" and not hasattr(sys.modules["__main__"], "__file__")
+    if in_notebook or "<locals>" in getattr(worker, "__qualname__", ""):
         raise TypeError(f"worker {getattr(worker, '__qualname__', worker)!r} cannot be imported by a spawned "
                         f"process: define it at the top level of a module (a .py file), not in a notebook or "
                         f"inside a function")
@@ -366,6 +365,9 @@ class ZeroAdamW:
 
     @torch.no_grad()
     def step(self):
+        if any(p.grad is None for p in self.params):
+            raise ValueError("a parameter has no gradient: call loss.backward() before step(), and use every "
+                             "parameter in the loss (ZeroAdamW shards all of them)")
         grads = flatten([p.grad for p in self.params], self.numel)
         self.shard.grad = grads.new_empty(self.shard.numel())
         reduce_scatter(self.shard.grad, grads)
