@@ -624,8 +624,9 @@ PUBLISHED = {
     "Llama 3 8B": dict(total=8e9, source="Grattafiori et al. 2024, Table 3 ('8B')"),
     "Mixtral 8x7B": dict(total=46.7e9, active=12.9e9, source="Jiang et al. 2024, Mixtral of Experts"),
     "DeepSeek-V3": dict(total=671e9, active=37e9, source="DeepSeek-AI 2024, DeepSeek-V3 Technical Report, abstract"),
-    "Qwen3.5 (9B)": dict(total=9e9, source="transformers 5.23's Qwen3_5TextConfig docstring: its defaults are a "
-                                           "'Qwen3.5-9B style configuration'"),
+    "Qwen3.5 (9B)": dict(total=9e9, source="transformers 5.23's Qwen3_5TextConfig: its docstring's example calls its "
+                                           "defaults a 'Qwen3.5-9B style configuration' (its header names "
+                                           "Qwen/Qwen3.5-27B; the count, 8.95B, agrees with 9B)"),
 }
 
 
@@ -633,7 +634,8 @@ def published_configs() -> dict:
     """tfcore configs of published models: GPT-2 small, Llama 2 7B, Mixtral 8x7B and DeepSeek-V3 from
     transformers' default config classes (whose defaults are those models' sizes), Llama 3 8B from
     its paper (``LLAMA3_8B``), and "Qwen3.5 (9B)": ``tfcore.Qwen35Config()``, whose defaults are those
-    of transformers' ``Qwen3_5TextConfig``, "a Qwen3.5-9B style configuration" by its docstring.
+    of transformers' ``Qwen3_5TextConfig``, "a Qwen3.5-9B style configuration" by its docstring's example
+    (its header names Qwen/Qwen3.5-27B; the count, 8.95B parameters, agrees with 9B).
     Offline: builds configs only, downloads nothing."""
     import transformers
 
