@@ -21,6 +21,7 @@ notebook cannot be sent to a spawned process). Tensors are flat 1-D unless a sha
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import queue as queue_module
 import socket
@@ -74,6 +75,11 @@ def check_port_free(port: int) -> int:
 def _run_rank(worker, rank, world_size, port, timeout, results, args):
     """The body of each spawned process: one thread, the process group, the worker, its result sent back."""
     torch.set_num_threads(1)
+    # The processes meet on the loopback, so gloo is told to use it: left to itself it tries to find a
+    # network interface, which "is not always guaranteed to be successful" (PyTorch's distributed docs,
+    # GLOO_SOCKET_IFNAME). A value the reader set is kept.
+    if "GLOO_SOCKET_IFNAME" not in os.environ and os.path.exists("/sys/class/net/lo"):
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=timeout))
