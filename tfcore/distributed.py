@@ -75,9 +75,9 @@ def check_port_free(port: int) -> int:
 def _run_rank(worker, rank, world_size, port, timeout, results, args):
     """The body of each spawned process: one thread, the process group, the worker, its result sent back."""
     torch.set_num_threads(1)
-    # The processes meet on the loopback, so gloo is told to use it: left to itself it tries to find a
-    # network interface, which "is not always guaranteed to be successful" (PyTorch's distributed docs,
-    # GLOO_SOCKET_IFNAME). A value the reader set is kept.
+    # The processes meet on the loopback, so gloo is told to use it: left to itself it detects an
+    # interface, which PyTorch's distributed docs say may not be the right one, to be overridden with
+    # GLOO_SOCKET_IFNAME. A value the reader set is kept.
     if "GLOO_SOCKET_IFNAME" not in os.environ and os.path.exists("/sys/class/net/lo"):
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     try:
