@@ -67,7 +67,7 @@ def test_landing_page_shows_the_start_box_the_drawing_and_the_models_page(html):
     assert "✓ the held-out accuracy is at least 0.98  [this run: 0.992]" in page
     assert 'href="https://github.com/transformer-anatomy/transformer-anatomy#the-two-commands"' in page
     models = (html / "book" / "models.html").read_text()
-    assert "GPT2LMHeadModel" in models and "MistralForCausalLM" in models and "Chapter 27." in models
+    assert "GPT2LMHeadModel" in models and "MistralForCausalLM" in models and "Chapter 28." in models
 
 
 @pytest.mark.parametrize("notebook", sorted(toc_notebooks()))

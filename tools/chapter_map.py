@@ -43,10 +43,11 @@ PARTS = [  # (part, colour, [(number, short title, what you build)]), read left 
     ("From text to assistant", "#e6f0d0", [(24, "Tokenizer from scratch", "byte-level BPE, as tokenizers"),
                                            (25, "From LM to assistant", "chat template, LoRA, DPO"),
                                            (26, "RL from a grader", "GRPO, verifiable rewards")]),
-    ("Appendix", "#eeeeee", [(27, "The model in Keras", "checked equal, model.fit")]),
+    ("Training at scale", "#e8dcc8", [(27, "Distributed training", "DDP, ZeRO, FSDP, as PyTorch's")]),
+    ("Appendix", "#eeeeee", [(28, "The model in Keras", "checked equal, model.fit")]),
 ]
-COLUMNS = 4  # parts per row: two rows keep the text legible at the book's column width
-# The reading order: each chapter builds on the last (27 is an appendix).
+COLUMNS = 4  # parts per row: short rows keep the text legible at the book's column width
+# The reading order inside a part: each chapter builds on the last (27 and 28 are parts of their own).
 EDGES = [(n, n + 1) for n in range(1, 26)]
 
 
