@@ -95,6 +95,16 @@ Attention without a growing cache (chapter 20):
 
     .venv/bin/python benchmarks/run.py --only hybrid --threads 1
 
+Training across processes (chapter 27):
+
+- ``distributed`` (distributed.py): strong scaling on the CPU: one global batch (8 sequences of 64
+  tokens) of a 4.2M-parameter GPT, one training step (AdamW) by each of ``tfcore.distributed.SCHEMES``
+  on 1, 2 and 4 processes of one thread each (gloo, loopback), by one process without any process
+  group, and by p processes each on its share with no collective; the median of the slowest rank's
+  step; the all-reduce, all-gather and reduce-scatter of the model's size alone, on 2 and 4 processes:
+
+    .venv/bin/python benchmarks/run.py --only distributed --threads 1
+
 ``--only generation,cache,per_token`` (or ``--only allocation``, ``--only flash``, ``--only speculative``) measures just those
 keys and writes them, with their own ``machine`` record, into the existing results.json, leaving the
 other keys as they were. ``--devices cuda`` measures on the GPU only and keeps the key's CPU rows;
@@ -155,6 +165,7 @@ KEYS = {
     "roofline": "roofline",
     "decoding": "decoding",
     "hybrid": "hybrid",
+    "distributed": "distributed",
 }
 
 

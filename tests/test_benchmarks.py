@@ -1,6 +1,7 @@
 """The benchmark: a smoke run of the script, and the targets checked on the committed full run."""
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -110,6 +111,47 @@ def test_smoke_run_writes_results_and_plot(tmp_path):
     held = {(r["model"], r["position"]): r["cache_bytes"] for r in hybrid}
     # the hybrid's cache grows by its one attention layer's keys and values, the twin's by four layers'
     assert 4 * (held["hybrid", 24] - held["hybrid", 8]) == held["all attention", 24] - held["all attention", 8] > 0
+    # chapter 27: time per training step against the number of processes (schema in benchmarks/distributed.py)
+    _check_distributed_smoke(results["distributed"])
+
+
+def _check_distributed_smoke(rows):
+    from tfcore.distributed import SCHEMES
+
+    steps = {(r["scheme"], r["processes"]): r for r in rows if r["kind"] == "step"}
+    assert set(steps) == {("single", 1), ("local", 2)} | {(s, p) for s in SCHEMES for p in (1, 2)}
+    collectives = {r["scheme"]: r for r in rows if r["kind"] == "collective"}
+    assert set(collectives) == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert all(r["processes"] == 2 and r["seconds"] == r["comm_seconds"] > 0 for r in collectives.values())
+    assert all(r["seconds"] > 0 and r["global_batch"] == 4 and r["parameters"] == rows[0]["parameters"] > 0
+               for r in rows)
+    # our schemes' collectives in a step, counted, in units of one collective on all the parameters
+    counts = {s: steps[s, 2]["comm_collectives"] for s in ("ddp", "bucketed", "zero1", "fsdp")}
+    assert counts["ddp"] == counts["bucketed"] == pytest.approx({"all_reduce": 1, "all_gather": 0, "reduce_scatter": 0})
+    assert counts["zero1"] == pytest.approx({"all_reduce": 0, "all_gather": 1, "reduce_scatter": 1})
+    assert counts["fsdp"]["all_reduce"] == 0 and counts["fsdp"]["all_gather"] == pytest.approx(
+        2 * counts["fsdp"]["reduce_scatter"]) and counts["fsdp"]["reduce_scatter"] >= 1 - 1e-12
+    for (scheme, p), r in steps.items():
+        if p == 2 and scheme in counts:
+            assert r["comm_seconds"] == pytest.approx(sum(n * collectives[op]["seconds"] for op, n in counts[scheme].items()))
+        else:
+            assert r["comm_seconds"] is None
+    bucketed = steps["bucketed", 2]
+    assert bucketed["buckets"] >= 2 and all(0 <= n <= bucketed["buckets"] for n in bucketed["buckets_done_before_wait"])
+
+
+def test_distributed_rows_take_the_slowest_rank_then_the_median():
+    """A step's time is the slowest rank's, and the row's the median over steps after the warm-up: taking the
+    median per rank first, or keeping the warm-up, gives other numbers on this input."""
+    from benchmarks.distributed import WARMUP, slowest_median
+
+    assert WARMUP == 2
+    # runs[k][rank][step]: two runs of two ranks, 2 warm-up steps (9 s) then 3 timed steps
+    runs = [[[9, 9, 4, 1, 1], [9, 9, 1, 4, 1]], [[9, 9, 1, 1, 4], [9, 9, 1, 1, 1]]]
+    assert slowest_median(runs) == 2.5  # the slowest rank of each timed step: 4 4 1 | 1 1 4
+    per_rank_first = max(statistics.median(steps[WARMUP:]) for run in runs for steps in run)
+    with_warmup = statistics.median(max(step) for run in runs for step in zip(*run))
+    assert (per_rank_first, with_warmup) == (1, 4)
 
 
 def _seconds(rows, what, **where):
