@@ -1,7 +1,8 @@
 """tfcore.distributed: two processes over gloo. Collectives, our DDP (plain and bucketed), ZeRO-1 and FSDP
 against one process on the whole batch and against PyTorch's DistributedDataParallel and fully_shard,
-the bytes each sends, planted bugs, and faults (a worker that raises, a timeout, a port in use, a batch
-that does not split).
+the bytes each sends, the memory each holds (measured against the formula), the tensor-parallel
+feed-forward against the whole layer, planted bugs, and faults (a worker that raises, a timeout, a port
+in use, a batch that does not split).
 
 Spawning costs seconds, so each spawn runs many checks: one for every correct run (module fixture
 ``runs``), one for every planted bug (``planted``). The workers that plant bugs live here: spawned
@@ -9,6 +10,7 @@ processes import this module by name (its folder is on the parent's sys.path, wh
 """
 
 import time
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -29,6 +31,15 @@ DTYPES = (torch.float64, torch.float32)
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4}  # against one process: the backward's sum order differs
 OURS = ("ddp", "bucketed", "zero1", "fsdp")
 BUCKET_BYTES = 2000
+PIECE_NUMEL = 500  # ZeroAdamW's pieces in the runs with small pieces: several per shard
+# Tensor parallelism: exact GELU (GPT's default is the tanh one), odd width d, d_ff a multiple of P but odd / P
+TP_CONFIG = SimpleNamespace(hidden_size=9, intermediate_size=14, hidden_act="gelu")
+TP_TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
+# Memory: parameters, gradients and AdamW's moments (~100 MiB at 16 bytes per parameter) far above the
+# activations (B/p = 2 rows of 16 tokens); no vocabulary so large that one tensor's temporaries dominate
+MEMORY_CONFIG = GPTConfig(vocab_size=2048, max_position_embeddings=16, hidden_size=256, num_hidden_layers=8,
+                          num_attention_heads=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+MEMORY_BATCHES = torch.randint(0, 2048, (2, 4, 17), generator=torch.Generator().manual_seed(1))  # 2 steps
 
 
 def run(scheme, dtype):
@@ -48,11 +59,21 @@ def bit_equal(a: dict, b: dict) -> bool:
 
 
 def correct_worker(rank, world_size):
-    """Every correct run, in one spawn: the collectives, then each scheme in both precisions."""
+    """Every correct run, in one spawn: the collectives, then each scheme in both precisions, several
+    schemes through train_many_worker, ZeRO-1 in small pieces, and the tensor-parallel feed-forward."""
     out = {"collectives": D.collectives_worker(rank, world_size)}
     for dtype in DTYPES:
         for scheme in D.SCHEMES:
             out[scheme, dtype] = run(scheme, dtype)
+        out["tp", dtype] = D.tensor_parallel_worker(rank, world_size, TP_CONFIG, dtype, 1)
+    out["many"] = D.train_many_worker(rank, world_size, ("fsdp", "ddp"), CONFIG, BATCHES, torch.float64, 0, True,
+                                      None, BUCKET_BYTES)
+    patch = pytest.MonkeyPatch()
+    patch.setattr(D, "PIECE_NUMEL", PIECE_NUMEL)
+    try:
+        out["zero1 pieces"] = run("zero1", torch.float64)
+    finally:
+        patch.undo()
     return out
 
 
@@ -98,6 +119,18 @@ def planted_worker(rank, world_size):
         D._count("all_reduce", tensor.numel())
         return DelayedWork(tensor)
 
+    def bias_on_every_rank(self, x):  # linear_2's bias added before the all-reduce: p times
+        return D.g(self.linear_2(self.activation(self.linear_1(D.f(x)))) + self.bias_2)
+
+    for name, patches in (("tp bias twice", [(D.TensorParallelFeedForward, "forward", bias_on_every_rank)]),
+                          ("tp f no reduce", [(D.CopyToParallel, "backward", staticmethod(lambda ctx, grad: grad))])):
+        for target, attribute, value in patches:
+            patch.setattr(target, attribute, value)
+        try:
+            out[name] = D.tensor_parallel_worker(rank, world_size, TP_CONFIG, torch.float64, 1)
+        finally:
+            patch.undo()
+
     for name, scheme, patches in (
             ("summed", "ddp", [(D, "average_gradients", summed)]),
             ("twice", "bucketed", [(D.BucketedDDP, "_launch", twice)]),
@@ -113,6 +146,12 @@ def planted_worker(rank, world_size):
         finally:
             patch.undo()
     return out
+
+
+def never_free_worker(rank, world_size, *args):
+    """FSDP that never frees a gathered unit (planted): measured like a correct run."""
+    D.FlatUnit.free = lambda self: None
+    return D.train_worker(rank, world_size, *args)
 
 
 def raising_worker(rank, world_size):
@@ -137,6 +176,24 @@ def runs():
 @pytest.fixture(scope="module")
 def planted():
     return D.launch(planted_worker, P, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def memory():
+    """Peak memory added per rank, one launch per scheme (a process's peak never falls), and FSDP that never
+    frees a unit; float32, glibc's mmap threshold fixed (D.MALLOC_ENV) as train sets it."""
+    out = {s: D.train(s, MEMORY_CONFIG, MEMORY_BATCHES, dtype=torch.float32, measure_memory=True, timeout=300)
+           for s in ("ddp", "zero1", "fsdp")}
+    args = ("fsdp", MEMORY_CONFIG, MEMORY_BATCHES, torch.float32, 0, False, None, 2 ** 14, True)
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in D.MALLOC_ENV.items():
+            patch.setenv(key, value)
+        out["fsdp never frees"] = D.launch(never_free_worker, P, *args, timeout=300)
+    return out
+
+
+def added(result: dict) -> int:
+    return result["peak_rss"] - result["rss_before"]
 
 
 @pytest.fixture(scope="module")
@@ -339,3 +396,141 @@ def test_bad_launch_arguments():
         D.launch(3, P)
     with pytest.raises(ValueError, match="timeout must be"):
         D.launch(sleeping_worker, P, timeout=-1)
+
+
+# ------------------------------------------------------------------------------- several schemes at once
+
+
+def test_several_schemes_in_one_launch(runs, monkeypatch):
+    for r in runs:  # train_many_worker runs each scheme as train_worker does, one after the other
+        for scheme in ("fsdp", "ddp"):
+            assert bit_equal(r["many"][scheme]["params"], r[scheme, torch.float64]["params"]), scheme
+            assert r["many"][scheme]["traffic"] == r[scheme, torch.float64]["traffic"]
+    calls = []
+
+    def fake_launch(worker, world_size, *args, timeout):
+        calls.append((worker, args))
+        return [{s: (s, rank) for s in args[0]} for rank in range(world_size)]
+
+    monkeypatch.setattr(D, "launch", fake_launch)
+    assert D.train(("zero1", "ddp"), CONFIG, BATCHES) == {"zero1": [("zero1", 0), ("zero1", 1)],
+                                                         "ddp": [("ddp", 0), ("ddp", 1)]}
+    assert calls[0][0] is D.train_many_worker and len(calls) == 1  # one launch for both
+
+
+def test_train_refuses_bad_scheme_lists_before_spawning(monkeypatch):
+    monkeypatch.setattr(D, "launch", lambda *a, **k: pytest.fail("spawned processes for bad input"))
+    with pytest.raises(ValueError, match="one scheme per launch when measuring memory"):
+        D.train(("ddp", "zero1"), CONFIG, BATCHES, measure_memory=True)
+    with pytest.raises(ValueError, match="scheme must be one of"):
+        D.train(("ddp", "zero2"), CONFIG, BATCHES)
+    with pytest.raises(ValueError, match="name one scheme twice"):
+        D.train(("ddp", "ddp"), CONFIG, BATCHES)
+    with pytest.raises(ValueError, match="non-empty tuple/list"):
+        D.train((), CONFIG, BATCHES)
+    with pytest.raises(TypeError, match="unknown option"):
+        D.train("ddp", CONFIG, BATCHES, measure=True)
+
+
+def test_zero1_in_small_pieces_is_the_same_optimizer(runs):
+    """Several pieces per shard (500 elements each) step, reduce and gather exactly as one piece does."""
+    for r in runs:
+        whole, pieces = r["zero1", torch.float64], r["zero1 pieces"]
+        assert bit_equal(pieces["params"], whole["params"])
+        assert pieces["traffic"] == whole["traffic"] and pieces["state_bytes"] == whole["state_bytes"]
+    assert D.padded(psi(), P) // P > 3 * PIECE_NUMEL  # several pieces indeed
+
+
+# ------------------------------------------------------------------------------------ memory per rank
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_memory_formula_counts_what_the_code_holds(runs, dtype):
+    for r in runs:
+        ddp, zero1, fsdp = (D.memory_formula(CONFIG, s, P, dtype) for s in ("ddp", "zero1", "fsdp"))
+        assert ddp["parameters"] == ddp["gradients"] == r["ddp", dtype]["param_bytes"]
+        assert ddp["optimizer"] == r["ddp", dtype]["state_bytes"]
+        assert zero1["parameters"] == r["zero1", dtype]["param_bytes"]  # the flat buffer, padded
+        assert zero1["optimizer"] == r["zero1", dtype]["state_bytes"]
+        assert fsdp["parameters"] == fsdp["gradients"] == r["fsdp", dtype]["param_bytes"]
+        assert fsdp["optimizer"] == r["fsdp", dtype]["state_bytes"]
+        assert fsdp["gathered"] == fsdp["gathered_gradients"] == r["fsdp", dtype]["peak_param_bytes"]
+        for f in (ddp, zero1, fsdp):
+            assert f["total"] == sum(v for k, v in f.items() if k != "total")
+    with pytest.raises(ValueError, match="memory_formula covers"):
+        D.memory_formula(CONFIG, "bucketed", P)
+
+
+def test_measured_memory_follows_the_formula_and_the_order(memory):
+    """The peak resident memory each rank added: above the formula (which leaves out activations and
+    temporaries), within 30% of it, and DDP > ZeRO-1 > FSDP with room."""
+    per_rank = {s: [added(r) for r in memory[s]] for s in ("ddp", "zero1", "fsdp")}
+    for scheme, measured in per_rank.items():
+        formula = D.memory_formula(MEMORY_CONFIG, scheme, P)["total"]
+        for m in measured:
+            assert formula < m < 1.3 * formula, (scheme, m / formula)
+    assert max(per_rank["zero1"]) < 0.85 * min(per_rank["ddp"])
+    assert max(per_rank["fsdp"]) < 0.9 * min(per_rank["zero1"])
+    assert all(r["malloc_pinned"] for s in per_rank for r in memory[s])
+
+
+def test_fsdp_that_never_frees_a_unit_is_caught_by_memory(memory):
+    correct, planted = memory["fsdp"], memory["fsdp never frees"]
+    assert all(bit_equal(a["params"], b["params"]) for a, b in zip(correct, planted))  # equality alone misses it
+    formula = D.memory_formula(MEMORY_CONFIG, "fsdp", P)["total"]
+    for r in planted:
+        assert added(r) > 1.3 * formula
+        assert r["peak_param_bytes"] > 2 * correct[0]["peak_param_bytes"]
+
+
+# ------------------------------------------------------------------------------------ tensor parallelism
+
+
+def tp_gaps(r: dict) -> dict:
+    ref = r["reference"]
+    return {"output": (r["output"] - ref["output"]).abs().max().item(),
+            "grad_x": (r["grad_x"] - ref["grad_x"]).abs().max().item(),
+            **{n: (r["grads"][n] - ref["grads"][n]).abs().max().item() for n in ref["grads"]}}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tensor_parallel_feed_forward_equals_the_whole_layer(runs, dtype):
+    rank0, rank1 = (r["tp", dtype] for r in runs)
+    assert torch.equal(rank0["output"], rank1["output"]) and torch.equal(rank0["grad_x"], rank1["grad_x"])
+    for r in (rank0, rank1):
+        assert r["grads"].keys() == {"linear_1.weight", "linear_1.bias", "linear_2.weight", "linear_2.bias"}
+        assert max(tp_gaps(r).values()) < TP_TOLERANCE[dtype], tp_gaps(r)
+        assert r["reference"]["output"].abs().max() > 0.1 and r["reference"]["grad_x"].abs().max() > 0.1
+        d, d_ff = TP_CONFIG.hidden_size, TP_CONFIG.intermediate_size
+        assert r["parameters"] == (d_ff // P) * (2 * d + 1) + d  # half of each weight and of bias 1; all of bias 2
+        assert r["reference_parameters"] == d_ff * (2 * d + 1) + d
+
+
+def test_tensor_parallel_sends_one_all_reduce_each_way(runs):
+    """Megatron-LM section 3: the feed-forward needs one all-reduce of the activations [B, L, d] in forward (g)
+    and one in backward (f); ring elements 2 (p - 1) / p x B L d."""
+    b_l_d = 2 * 5 * TP_CONFIG.hidden_size
+    for r in runs:
+        assert r["tp", torch.float64]["traffic"] == {"forward": {"all_reduce": 2 * (P - 1) / P * b_l_d},
+                                                   "backward": {"all_reduce": 2 * (P - 1) / P * b_l_d}}
+
+
+def test_tensor_parallel_planted_bugs_are_caught(planted):
+    bias = tp_gaps(planted[0]["tp bias twice"])
+    assert bias["output"] > 1e-3 and bias["grad_x"] < 1e-12  # the output is off by one bias; gradients are not
+    no_reduce = tp_gaps(planted[0]["tp f no reduce"])
+    assert no_reduce["grad_x"] > 1e-3 and no_reduce["output"] < 1e-12  # forward is right, x's gradient is not
+
+
+def test_tensor_parallel_refuses_bad_splits():
+    from tfcore.layers import FeedForward
+
+    layer = FeedForward(SimpleNamespace(hidden_size=9, intermediate_size=15, hidden_act="gelu",
+                                        hidden_dropout_prob=0.0))
+    with pytest.raises(ValueError, match="d_ff=15 cannot be split evenly over 2 ranks"):
+        D.TensorParallelFeedForward(layer, 0, 2)
+    with pytest.raises(ValueError, match="rank must be in 0..2"):
+        D.TensorParallelFeedForward(layer, 3, 3)
+    layer.dropout.p = 0.1
+    with pytest.raises(ValueError, match="dropout"):
+        D.TensorParallelFeedForward(layer, 0, 3)

@@ -11,8 +11,15 @@ Everything here runs on CPUs over the gloo backend, ``world_size`` processes on 
   backward), ``ZeroAdamW`` (AdamW's state sharded, ZeRO-1) and ``ShardedModel`` (parameters sharded
   per layer, FSDP / ZeRO-3): data parallelism from scratch.
 - ``train_worker`` trains ``tfcore.GPT`` with one of ``SCHEMES`` (ours, and PyTorch's
-  ``DistributedDataParallel`` and ``fully_shard``); ``train`` runs it from the parent, and
-  ``train_single`` is the one-process reference on the whole batch.
+  ``DistributedDataParallel`` and ``fully_shard``); ``train`` runs it from the parent, for one
+  scheme or several in the same processes (``train_many_worker``), and ``train_single`` is the
+  one-process reference on the whole batch.
+- Memory: ``train(..., measure_memory=True)`` measures each rank's peak resident memory
+  (``peak_rss_bytes``) against ``memory_formula``, the bytes per rank of parameters, gradients,
+  optimizer state and gathered units that each scheme holds.
+- Tensor parallelism (Megatron-LM): ``f`` and ``g``, the conjugate identity / all-reduce pair, and
+  ``TensorParallelFeedForward``, the feed-forward layer split over ranks; ``tensor_parallel_worker``
+  compares it with the whole layer.
 
 The workers live in this module so that spawned processes can import them (a function defined in a
 notebook cannot be sent to a spawned process). Tensors are flat 1-D unless a shape is given.
@@ -20,6 +27,7 @@ notebook cannot be sent to a spawned process). Tensors are flat 1-D unless a sha
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import pickle
@@ -151,6 +159,26 @@ def launch(worker, world_size: int, *args, timeout: float = 120.0, port: int | N
             process.join()
         results.close()
     return [collected[rank] for rank in range(world_size)]
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far, in bytes.
+
+    On Linux, ``VmHWM`` of ``/proc/self/status`` (kB): the high-water mark of this process's own memory.
+    Not ``getrusage``'s ``ru_maxrss`` there: a spawned process is forked from its parent before it
+    executes a fresh Python, and ``ru_maxrss`` keeps the forked image's peak, the parent's resident
+    memory (measured: two children of a 527 MiB parent gave ru_maxrss 527 MiB, VmHWM 227 MiB). Elsewhere
+    ``ru_maxrss`` (bytes on macOS, KiB on other systems; ``man getrusage``).
+    """
+    if sys.platform.startswith("linux"):
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    import resource  # Unix only: imported here so that the module still imports elsewhere
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 # ------------------------------------------------------------------------------- counted collectives
@@ -346,24 +374,39 @@ def flatten(tensors, numel: int) -> torch.Tensor:
     return F.pad(flat, (0, numel - flat.numel()))
 
 
+PIECE_NUMEL = 2 ** 16  # ZeroAdamW's default piece: 256 KiB of float32
+
+
 class ZeroAdamW:
     """AdamW whose state lives in shards: each rank keeps the moments of its ``1/p`` of the parameters (ZeRO-1).
 
-    The parameters, flattened one after the other and zero-padded to ``Psi_pad`` (a multiple of
-    ``p``), are cut into ``p`` shards; rank r holds a copy of shard r and an ``torch.optim.AdamW``
-    over it only. ``step()``, after ``loss.backward()``: the gradients, flattened the same way, are
-    reduce-scattered (rank r receives the sum of shard r, then / p), each rank steps its shard, and
-    the updated shards are all-gathered back into every rank's parameters. AdamW acts on each
-    element alone, so stepping shards gives what one AdamW over all parameters gives.
+    The parameters are moved into one flat buffer ``flat [Psi_pad]`` (one after the other, zero-padded
+    to a multiple of ``p``; each parameter becomes a view of it), cut into ``p`` shards of
+    ``S = Psi_pad / p``. Rank r steps its shard only, in place, as ``pieces``: views of ``flat``
+    of at most ``piece_numel`` elements each, one ``torch.optim.AdamW`` over them. ``step()``, after
+    ``loss.backward()``: the gradients are copied into one flat tensor (each ``.grad`` freed once
+    copied, so they are never held twice); piece by piece, the gradients are reduce-scattered (rank
+    r receives the sum over ranks of its piece, then / p), AdamW steps the pieces, and they are
+    all-gathered back into ``flat``, that is, into every rank's parameters. AdamW acts on each
+    element alone, so stepping shards gives what one AdamW over all parameters gives. Pieces keep
+    each temporary small: AdamW's, and the copy of the whole input (reduce-scatter) or output
+    (all-gather) that gloo makes (measured, torch 2.13).
     """
 
-    def __init__(self, params, **adamw):
+    def __init__(self, params, piece_numel: int | None = None, **adamw):
+        piece_numel = piece_numel or PIECE_NUMEL
         self.params = [p for p in params if p.requires_grad]
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.numel = padded(sum(p.numel() for p in self.params), self.world_size)
-        start, end = shard_range(self.numel, self.rank, self.world_size)
-        self.shard = nn.Parameter(flatten([p.detach() for p in self.params], self.numel)[start:end].clone())
-        self.optimizer = torch.optim.AdamW([self.shard], **adamw)
+        self.flat = flatten([p.detach() for p in self.params], self.numel)
+        offset = 0
+        for p in self.params:
+            p.data = self.flat[offset:offset + p.numel()].view_as(p)  # the parameter now lives in flat
+            offset += p.numel()
+        self.start, end = shard_range(self.numel, self.rank, self.world_size)
+        self.bounds = [(a, min(a + piece_numel, end - self.start)) for a in range(0, end - self.start, piece_numel)]
+        self.pieces = [nn.Parameter(self.flat[self.start + a:self.start + b]) for a, b in self.bounds]  # views
+        self.optimizer = torch.optim.AdamW(self.pieces, **adamw)
 
     def zero_grad(self):
         for p in self.params:
@@ -374,22 +417,29 @@ class ZeroAdamW:
         if any(p.grad is None for p in self.params):
             raise ValueError("a parameter has no gradient: call loss.backward() before step(), and use every "
                              "parameter in the loss (ZeroAdamW shards all of them)")
-        grads = flatten([p.grad for p in self.params], self.numel)
-        self.shard.grad = grads.new_empty(self.shard.numel())
-        reduce_scatter(self.shard.grad, grads)
-        self.shard.grad.div_(self.world_size)
+        p, size = self.world_size, self.numel // self.world_size
+        grads, offset = self.flat.new_empty(self.numel), 0
+        for param in self.params:
+            grads[offset:offset + param.numel()] = param.grad.flatten()
+            param.grad = None  # copied: freed now, so that the gradients are never held twice
+            offset += param.numel()
+        grads[offset:] = 0
+        for (a, b), piece in zip(self.bounds, self.pieces):
+            chunks = grads.view(p, size)[:, a:b].contiguous().flatten()  # piece (a, b) of every rank's shard
+            piece.grad = grads[self.start + a:self.start + b]  # the sum lands in this rank's own place
+            reduce_scatter(piece.grad, chunks)
+            piece.grad.div_(p)
         self.optimizer.step()
-        full = grads.new_empty(self.numel)
-        all_gather(full, self.shard.detach())
-        offset = 0
-        for p in self.params:
-            p.copy_(full[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for (a, b), piece in zip(self.bounds, self.pieces):
+            piece.grad = None
+            gathered = piece.new_empty(p * (b - a))
+            all_gather(gathered, piece.detach())
+            self.flat.view(p, size)[:, a:b] = gathered.view(p, b - a)
 
     def state_bytes(self) -> int:
         """Bytes of AdamW's two moments on this rank (``exp_avg`` and ``exp_avg_sq``; not its step counter)."""
-        state = self.optimizer.state[self.shard]
-        return sum(state[k].numel() * state[k].element_size() for k in ("exp_avg", "exp_avg_sq") if k in state)
+        return sum(s[k].numel() * s[k].element_size() for s in self.optimizer.state.values()
+                   for k in ("exp_avg", "exp_avg_sq"))
 
 
 # ---------------------------------------------------------------------------------------------- FSDP
@@ -525,6 +575,148 @@ class ShardedModel(nn.Module):
         return out
 
 
+# ------------------------------------------------------------------------------- tensor parallelism
+
+
+class CopyToParallel(torch.autograd.Function):
+    """Megatron-LM's ``f`` (Shoeybi et al. 2019, Figure 3): the identity in forward, an all-reduce of
+    the gradient in backward (each rank's input feeds only its slice of the layer, so the gradient
+    of the input is the sum of the ranks' parts)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        all_reduce(grad)
+        return grad
+
+
+class ReduceFromParallel(torch.autograd.Function):
+    """Megatron-LM's ``g`` (Figure 3): an all-reduce in forward (the sum of the ranks' partial
+    outputs), the identity in backward (every rank's output gets the same whole gradient)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = x.clone()
+        all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def f(x: torch.Tensor) -> torch.Tensor:
+    """``CopyToParallel``: forward ``x`` as is; backward, all-reduce its gradient."""
+    return CopyToParallel.apply(x)
+
+
+def g(x: torch.Tensor) -> torch.Tensor:
+    """``ReduceFromParallel``: forward, the all-reduced sum of ``x`` over ranks; backward as is."""
+    return ReduceFromParallel.apply(x)
+
+
+class TensorParallelFeedForward(nn.Module):
+    """A ``tfcore.layers.FeedForward`` split over ``world_size`` ranks (Megatron-LM, section 3).
+
+    With ``linear_1.weight`` ``[d_ff, d]`` and ``linear_2.weight`` ``[d, d_ff]``, rank r keeps rows
+    ``r d_ff/p`` to ``(r+1) d_ff/p`` of ``linear_1`` (and of its bias): the paper's column split of
+    ``A``, since ``linear_1`` computes ``x A`` with ``A`` its weight transposed; and the same columns
+    of ``linear_2``: the row split of ``B``. The activation acts on each of its own ``d_ff/p``
+    features, so no exchange is needed between the two layers: ``f`` before, ``g`` after, one
+    all-reduce of ``[B, L, d]`` each way. ``linear_2``'s bias is added once, after the all-reduce,
+    on every rank (each rank keeps it whole; its gradient is the whole one on every rank).
+    ``forward(x [B, L, d]) -> [B, L, d]``, the same on every rank (a collective: call on every rank).
+    Preconditions: ``d_ff`` a multiple of ``world_size`` and no dropout (each rank would draw its own).
+    """
+
+    def __init__(self, feed_forward: nn.Module, rank: int, world_size: int):
+        super().__init__()
+        d_ff, d = feed_forward.linear_1.weight.shape
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a whole number >= 1, got {world_size!r}")
+        if d_ff % world_size:
+            raise ValueError(f"the feed-forward width d_ff={d_ff} cannot be split evenly over {world_size} ranks; "
+                             f"use an intermediate_size that is a multiple of world_size")
+        if not (isinstance(rank, int) and 0 <= rank < world_size):
+            raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank!r}")
+        if feed_forward.dropout.p > 0:
+            raise ValueError(f"dropout p={feed_forward.dropout.p} after the all-reduce would draw a different mask "
+                             f"on each rank; build the layer with hidden_dropout_prob=0")
+        rows = slice(rank * d_ff // world_size, (rank + 1) * d_ff // world_size)
+        one, two = feed_forward.linear_1, feed_forward.linear_2
+        self.linear_1 = nn.Linear(d, d_ff // world_size, dtype=one.weight.dtype)  # column split of A
+        self.linear_2 = nn.Linear(d_ff // world_size, d, bias=False, dtype=two.weight.dtype)  # row split of B
+        with torch.no_grad():
+            self.linear_1.weight.copy_(one.weight[rows])
+            self.linear_1.bias.copy_(one.bias[rows])
+            self.linear_2.weight.copy_(two.weight[:, rows])
+        self.bias_2 = nn.Parameter(two.bias.detach().clone())  # whole on every rank, added once
+        self.activation = copy.deepcopy(feed_forward.gelu)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        partial = self.linear_2(self.activation(self.linear_1(f(x))))  # [B, L, d]: this rank's share
+        return g(partial) + self.bias_2
+
+
+def tensor_parallel_worker(rank: int, world_size: int, config, dtype=torch.float64, seed: int = 0,
+                           batch: int = 2, length: int = 5) -> dict:
+    """``TensorParallelFeedForward`` against the whole layer, on one random input, forward and backward.
+
+    ``config`` needs ``hidden_size`` (d), ``intermediate_size`` (d_ff) and ``hidden_act`` (a name
+    ``tfcore.gpt.activation`` knows). Every rank draws the same layer (``seed``: weights and biases
+    from ``nn.Linear``'s random init), the same ``x [batch, length, d]`` (requires_grad) and upstream
+    gradient. Returns ``output``, ``grad_x`` and ``grads`` (``{name: full gradient}``: the shards'
+    gradients gathered back to ``linear_1.weight [d_ff, d]``, ``linear_1.bias``, ``linear_2.weight
+    [d, d_ff]``, ``linear_2.bias``) of the split layer, ``reference``: the same three of the whole
+    layer, ``traffic`` ``{"forward": {...}, "backward": {...}}`` (elements this rank sent, by
+    collective) and ``parameters`` / ``reference_parameters`` (elements held on this rank / whole).
+    """
+    from types import SimpleNamespace
+
+    from .gpt import activation
+    from .layers import FeedForward
+
+    torch.manual_seed(seed)
+    sizes = SimpleNamespace(hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                            hidden_act="gelu", hidden_dropout_prob=0.0)
+    whole = FeedForward(sizes).to(dtype)
+    whole.gelu = activation(getattr(config, "hidden_act", "gelu"))
+    x = torch.randn(batch, length, config.hidden_size, dtype=dtype)
+    upstream = torch.randn(batch, length, config.hidden_size, dtype=dtype)
+    split = TensorParallelFeedForward(whole, rank, world_size)
+    out = {"traffic": {}}
+    x_split = x.clone().requires_grad_()
+    traffic.clear()
+    output = split(x_split)
+    out["traffic"]["forward"] = dict(traffic)
+    traffic.clear()
+    output.backward(upstream)
+    out["traffic"]["backward"] = dict(traffic)
+    out["output"], out["grad_x"] = output.detach(), x_split.grad
+
+    def gathered(shard: torch.Tensor) -> torch.Tensor:  # the ranks' shards along dim 0, one after the other
+        full = shard.new_empty(world_size * shard.numel())
+        all_gather(full, shard.contiguous().flatten())
+        return full.view(world_size * shard.shape[0], *shard.shape[1:])
+
+    out["grads"] = {"linear_1.weight": gathered(split.linear_1.weight.grad),
+                    "linear_1.bias": gathered(split.linear_1.bias.grad),
+                    "linear_2.weight": gathered(split.linear_2.weight.grad.t()).t(),
+                    "linear_2.bias": split.bias_2.grad}
+    x_whole = x.clone().requires_grad_()
+    reference = whole(x_whole)
+    reference.backward(upstream)
+    out["reference"] = {"output": reference.detach(), "grad_x": x_whole.grad,
+                        "grads": {name: p.grad for name, p in whole.named_parameters()}}
+    out["parameters"] = sum(p.numel() for p in split.parameters())
+    out["reference_parameters"] = sum(p.numel() for p in whole.parameters())
+    return out
+
+
 # -------------------------------------------------------------------------------------- training GPT
 
 
@@ -571,16 +763,63 @@ def train_single(config, batches: torch.Tensor, dtype=torch.float64, seed: int =
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
+def memory_formula(config, scheme: str, world_size: int, dtype: torch.dtype = torch.float32) -> dict:
+    """Bytes per rank that ``scheme`` holds at its peak, by part, from the counts the code uses.
+
+    ``Psi`` parameters (the tied output layer counted once), ``b`` bytes each, ``p = world_size``:
+
+    - ``ddp``: ``parameters`` b Psi, ``gradients`` b Psi, ``optimizer`` (AdamW's two moments) 2 b Psi.
+    - ``zero1``: ``parameters`` b Psi_pad (``ZeroAdamW.flat``), ``gradients`` b Psi_pad (the ``.grad``
+      of backward, or the flat copy that replaces them in ``step``), ``optimizer`` 2 b Psi_pad / p.
+    - ``fsdp``: per unit (each block, and the rest of the model) padded to a multiple of p, ``Psi_u``
+      in all: ``parameters`` b Psi_u / p (the shards), ``gradients`` b Psi_u / p, ``optimizer``
+      2 b Psi_u / p, ``gathered`` the most parameter bytes gathered at once (the rest of the model and
+      one block: ``ShardedModel.stats["peak"]``) and ``gathered_gradients``, as much again (their full
+      gradients, before the reduce-scatter).
+
+    ``total`` is the sum. Not counted: activations, and the temporaries of AdamW, autograd and gloo.
+    """
+    from .gpt import GPT
+
+    if scheme not in ("ddp", "zero1", "fsdp"):
+        raise ValueError(f"memory_formula covers ddp, zero1 and fsdp, got {scheme!r}")
+    with torch.device("meta"):
+        model = GPT(config)
+    b, p = torch.empty(0, dtype=dtype).element_size(), world_size
+    psi = sum(t.numel() for t in model.parameters())
+    if scheme == "ddp":
+        parts = {"parameters": b * psi, "gradients": b * psi, "optimizer": 2 * b * psi}
+    elif scheme == "zero1":
+        pad = padded(psi, p)
+        parts = {"parameters": b * pad, "gradients": b * pad, "optimizer": 2 * b * pad // p}
+    else:
+        blocks = [padded(sum(t.numel() for t in block.parameters()), p) for block in model.blocks]
+        rest = padded(psi - sum(t.numel() for t in model.blocks.parameters()), p)
+        units = sum(blocks) + rest
+        parts = {"parameters": b * units // p, "gradients": b * units // p, "optimizer": 2 * b * units // p,
+                 "gathered": b * (rest + max(blocks)), "gathered_gradients": b * (rest + max(blocks))}
+    return {**parts, "total": sum(parts.values())}
+
+
 def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch.Tensor, dtype=torch.float64,
                  seed: int = 0, random_norms: bool = False, adamw: dict | None = None,
-                 bucket_bytes: int = 2 ** 14) -> dict:
+                 bucket_bytes: int = 2 ** 14, measure_memory: bool = False) -> dict:
     """Train ``tfcore.GPT(config)`` on ``batches [steps, B, L + 1]`` with ``scheme``, this rank on its ``B/p`` rows.
 
     Each rank draws its own weights (seed ``seed + rank``), so the broadcast from rank 0 is what makes
     them equal. Returns ``params`` ``{name: tensor}`` after the last step, ``traffic`` (elements this
     rank sent in the last step, by collective; our schemes only), ``state_bytes`` (AdamW's moments
-    on this rank), ``param_bytes`` (parameters kept between steps on this rank), ``peak_param_bytes``
+    on this rank), ``param_bytes`` (parameters kept between steps on this rank; zero1: its flat
+    buffer, padded), ``peak_param_bytes``
     (the most parameter bytes alive at once, FSDP) and ``seconds`` (wall time of each step).
+
+    ``measure_memory=True`` adds ``rss_before`` (this process's resident bytes just before the model is
+    built) and ``peak_rss`` (its peak resident bytes after the last step, ``peak_rss_bytes()``):
+    ``peak_rss - rss_before`` is what the scheme added at its worst moment. The peak never falls, so
+    it means something only for the first model a process trains. Before measuring, one step runs
+    on a tiny model (``_warm_up``), so that the figure does not count the code the first step maps
+    in; ``malloc_pinned`` says whether glibc's mmap threshold was fixed (``MALLOC_ENV``, which
+    ``train`` sets for its processes): without it, the figure also counts memory freed but kept.
     """
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
@@ -588,9 +827,15 @@ def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
     adamw = adamw or ADAMW
+    out = {"peak_param_bytes": None, "done_before_wait": None}
+    if measure_memory:
+        import psutil
+
+        out["malloc_pinned"] = "MALLOC_MMAP_THRESHOLD_" in os.environ
+        _warm_up(rank, world_size, scheme, config, batches, dtype)
+        out["rss_before"] = psutil.Process().memory_info().rss
     model = make_model(config, dtype, seed + rank, random_norms)
     broadcast_parameters(model)
-    out = {"peak_param_bytes": None, "done_before_wait": None}
     if scheme == "torch_ddp":
         net = DistributedDataParallel(model)
     elif scheme == "torch_fsdp":
@@ -619,6 +864,8 @@ def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch
         optimizer.step()
         seconds.append(time.perf_counter() - start)
         out["traffic"] = dict(traffic)
+    if measure_memory:
+        out["peak_rss"] = peak_rss_bytes()
     if scheme == "fsdp":
         out["params"] = net.full_parameters()
         out["param_bytes"] = sum(u.shard.numel() * u.shard.element_size() for u in net.units)
@@ -626,6 +873,9 @@ def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch
     elif scheme == "torch_fsdp":
         out["params"] = {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}
         out["param_bytes"] = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+    elif scheme == "zero1":  # the parameters live in one flat buffer, padded
+        out["params"] = {name: p.detach().clone() for name, p in model.named_parameters()}
+        out["param_bytes"] = optimizer.flat.numel() * optimizer.flat.element_size()
     else:
         out["params"] = {name: p.detach().clone() for name, p in model.named_parameters()}
         out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -643,20 +893,78 @@ def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch
     return out
 
 
-def train(scheme: str, config, batches: torch.Tensor, world_size: int = 2, timeout: float = 120.0, **options) -> list:
-    """``train_worker`` in ``world_size`` processes (``launch``); one result per rank. The batch size is
-    checked against ``world_size`` before any process starts."""
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+# glibc's malloc serves a block of at least its mmap threshold with its own mmap, returned to the system when
+# freed; but each such free raises the threshold to the block's size (up to 32 MiB, ``man mallopt``), so later
+# tensors of up to that size come from heaps, which keep freed memory: resident memory then tells the
+# allocator's history, not the tensors alive (measured: FSDP's peak 22 bytes per parameter instead of 11).
+# Fixing the threshold, here at its starting value, turns the raising off. glibc reads it from the
+# environment when a process starts; mallopt() from inside the worker came too late (FSDP still 21).
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+
+
+def _warm_up(rank: int, world_size: int, scheme: str, config, batches: torch.Tensor, dtype: torch.dtype):
+    """One step of ``scheme`` on a tiny GPT of ``config``'s kind (1 block, width 2 per head, vocabulary <= 64):
+    the first use of each kernel and collective maps its code and buffers into the process (about 45 MB
+    here, the same for any model size), which a memory measurement should not charge to the model."""
+    from dataclasses import replace
+
+    width = 2 * config.num_attention_heads
+    tiny = replace(config, vocab_size=min(config.vocab_size, 64), hidden_size=width, intermediate_size=4 * width,
+                   num_hidden_layers=1)
+    train_worker(rank, world_size, scheme, tiny, batches[:1] % tiny.vocab_size, dtype)
+
+
+def train_many_worker(rank: int, world_size: int, schemes, config, batches: torch.Tensor, *options) -> dict:
+    """``train_worker`` for each of ``schemes`` in turn, in the same processes: ``{scheme: this rank's dict}``.
+    ``options`` are ``train_worker``'s, after ``batches``, in its order."""
+    return {scheme: train_worker(rank, world_size, scheme, config, batches, *options) for scheme in schemes}
+
+
+def train(schemes, config, batches: torch.Tensor, world_size: int = 2, timeout: float = 120.0, **options):
+    """``train_worker`` in ``world_size`` processes (``launch``), for one scheme or several.
+
+    ``schemes`` one name: returns ``[rank 0's dict, rank 1's dict, ...]``. A tuple or list of names:
+    every scheme runs in the same processes, one after the other (spawning costs seconds), and
+    ``{scheme: [rank 0's dict, ...]}`` comes back. ``options``: ``dtype``, ``seed``, ``random_norms``,
+    ``adamw``, ``bucket_bytes``, ``measure_memory`` (one scheme per launch then: a process's peak
+    memory never falls, so a second scheme would inherit the first one's peak; glibc's mmap threshold
+    is then fixed in the processes, ``MALLOC_ENV``). The schemes, the
+    options and the batch size are checked before any process starts.
+    """
+    names = [schemes] if isinstance(schemes, str) else list(schemes) if isinstance(schemes, (tuple, list)) else None
+    if not names:
+        raise ValueError(f"schemes must be a scheme name or a non-empty tuple/list of them, got {schemes!r}")
+    for scheme in names:
+        if scheme not in SCHEMES:
+            raise ValueError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+    if len(set(names)) < len(names):
+        raise ValueError(f"schemes {names} name one scheme twice; give each once")
+    args = _options(options)
+    if options.get("measure_memory") and len(names) > 1:
+        raise ValueError(f"one scheme per launch when measuring memory: a process's peak resident memory never "
+                         f"falls, so the schemes after the first would inherit its peak; call train once per "
+                         f"scheme, got {names}")
     check_batches(batches, world_size)
-    return launch(train_worker, world_size, scheme, config, batches, *_options(options), timeout=timeout)
+    saved = dict(os.environ)
+    if options.get("measure_memory"):  # the spawned processes inherit the environment (MALLOC_ENV)
+        os.environ.update({k: v for k, v in MALLOC_ENV.items() if k not in os.environ})
+    try:
+        if isinstance(schemes, str):
+            return launch(train_worker, world_size, schemes, config, batches, *args, timeout=timeout)
+        results = launch(train_many_worker, world_size, tuple(names), config, batches, *args, timeout=timeout)
+    finally:
+        for key in MALLOC_ENV:
+            if key not in saved:
+                os.environ.pop(key, None)
+    return {scheme: [result[scheme] for result in results] for scheme in names}
 
 
 def _options(options: dict) -> tuple:
-    names = ("dtype", "seed", "random_norms", "adamw", "bucket_bytes")
+    names = ("dtype", "seed", "random_norms", "adamw", "bucket_bytes", "measure_memory")
     unknown = set(options) - set(names)
     if unknown:
         raise TypeError(f"unknown option(s) {sorted(unknown)}; train takes {', '.join(names)}")
-    defaults = {"dtype": torch.float64, "seed": 0, "random_norms": False, "adamw": None, "bucket_bytes": 2 ** 14}
+    defaults = {"dtype": torch.float64, "seed": 0, "random_norms": False, "adamw": None, "bucket_bytes": 2 ** 14,
+                "measure_memory": False}
     defaults.update(options)
     return tuple(defaults[n] for n in names)
