@@ -127,8 +127,8 @@ def scaling_worker(rank: int, world_size: int, config, batches: torch.Tensor, ro
                 runs.append(_single_seconds(config, torch.stack([D.split_batch(ids, rank, world_size)
                                                                  for ids in batches])))
                 continue
-            out = D.train_worker(rank, world_size, scheme, config, batches, torch.float32, 0, False, None,
-                                 bucket_bytes)
+            out = D.train_worker(rank, world_size, scheme, config, batches, dtype=torch.float32,
+                                 bucket_bytes=bucket_bytes)
             runs.append(out["seconds"])
             traffic[scheme] = out.get("traffic", {})
             done[scheme] = out["done_before_wait"]
