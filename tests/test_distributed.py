@@ -313,6 +313,13 @@ def test_optimizer_state_and_parameter_bytes_per_rank(runs, dtype):
         rest = psi() - sum(p.numel() for p in model.blocks.parameters())
         block = D.padded(sum(p.numel() for p in model.blocks[0].parameters()), P)
         assert r["fsdp", dtype]["peak_param_bytes"] == size * (D.padded(rest, P) + block) < size * psi()
+        # the step starts and ends with nothing whole, and its highest point is the peak
+        history = r["fsdp", dtype]["held_history"]
+        assert history[0] == history[-1] == 0 and max(history) == r["fsdp", dtype]["peak_param_bytes"]
+        # each unit gathered twice (forward, backward) and freed twice: 4 events per unit
+        assert len(history) == 1 + 4 * (CONFIG.num_hidden_layers + 1)
+        names = [n for n, _ in D.make_model(CONFIG, dtype, 0).named_parameters()]
+        assert [n for b in r["bucketed", dtype]["buckets"] for n in b] == names[::-1]
 
 
 # ------------------------------------------------------------------------------------------ planted
@@ -396,6 +403,11 @@ def test_bad_launch_arguments():
         D.launch(3, P)
     with pytest.raises(ValueError, match="timeout must be"):
         D.launch(sleeping_worker, P, timeout=-1)
+    before = children()
+    with pytest.raises(Exception, match="pickle") as error:  # an argument a spawned process cannot receive
+        D.launch(sleeping_worker, P, lambda: 0)
+    assert "can only join a started process" not in str(error.value)  # the real error, not the cleanup's
+    assert children() <= before
 
 
 # ------------------------------------------------------------------------------- several schemes at once

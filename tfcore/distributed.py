@@ -123,6 +123,10 @@ def launch(worker, world_size: int, *args, timeout: float = 120.0, port: int | N
         raise TypeError(f"worker {getattr(worker, '__qualname__', worker)!r} cannot be imported by a spawned "
                         f"process: define it at the top level of a module (a .py file), not in a notebook or "
                         f"inside a function")
+    main_file = getattr(sys.modules["__main__"], "__file__", None)
+    if main_file is not None and not os.path.exists(main_file):
+        raise RuntimeError(f"a spawned process re-imports the main script, and {main_file!r} is not a file (a script "
+                           f"piped to python?); save it to a .py file and run that, or call launch from a notebook")
     if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0):
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     port = free_port() if port is None else check_port_free(port)
@@ -130,10 +134,11 @@ def launch(worker, world_size: int, *args, timeout: float = 120.0, port: int | N
     results = context.Queue()
     processes = [context.Process(target=_run_rank, args=(worker, rank, world_size, port, timeout, results, args),
                                  daemon=True) for rank in range(world_size)]
-    collected = {}
+    collected, started = {}, []
     try:
         for process in processes:
             process.start()
+            started.append(process)
         deadline = time.monotonic() + timeout
         while len(collected) < world_size:
             try:
@@ -153,7 +158,7 @@ def launch(worker, world_size: int, *args, timeout: float = 120.0, port: int | N
         for process in processes:
             process.join(timeout=max(1.0, deadline - time.monotonic()))
     finally:
-        for process in processes:
+        for process in started:  # a process whose start() raised cannot be joined
             if process.is_alive():
                 process.kill()
             process.join()
@@ -512,6 +517,7 @@ class FlatUnit:
     def _held(self, sign: int):
         self.stats["held"] += sign * self.numel * self.shard.element_size()
         self.stats["peak"] = max(self.stats["peak"], self.stats["held"])
+        self.stats["history"].append(self.stats["held"])
 
 
 class ShardedModel(nn.Module):
@@ -532,7 +538,7 @@ class ShardedModel(nn.Module):
         super().__init__()
         rank, world_size = dist.get_rank(), dist.get_world_size()
         self.model_ = [model]  # a list: not a sub-module, so parameters() are the shards only
-        self.stats = {"held": 0, "peak": 0}
+        self.stats = {"held": 0, "peak": 0, "history": []}  # history: held after each gather or free
         self.names = {id(p): name for name, p in model.named_parameters()}
         taken, plan = set(), []  # plan: (layer, its parameters, their places), before any is replaced
         for layer in list(layers) + [model]:
@@ -811,7 +817,11 @@ def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch
     rank sent in the last step, by collective; our schemes only), ``state_bytes`` (AdamW's moments
     on this rank), ``param_bytes`` (parameters kept between steps on this rank; zero1: its flat
     buffer, padded), ``peak_param_bytes``
-    (the most parameter bytes alive at once, FSDP) and ``seconds`` (wall time of each step).
+    (the most parameter bytes alive at once, FSDP), ``held_history`` (FSDP: the bytes of whole
+    parameters after each gather and free of the last step, starting from the step's start),
+    ``buckets`` (bucketed: the parameter names of each bucket, in the order they are reduced),
+    ``done_before_wait`` (bucketed: per step, the buckets already reduced when ``finish()`` began)
+    and ``seconds`` (wall time of each step).
 
     ``measure_memory=True`` adds ``rss_before`` (this process's resident bytes just before the model is
     built) and ``peak_rss`` (its peak resident bytes after the last step, ``peak_rss_bytes()``):
@@ -855,6 +865,8 @@ def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch
     for ids in batches:
         start = time.perf_counter()
         traffic.clear()
+        if scheme == "fsdp":
+            net.stats["history"] = [net.stats["held"]]
         optimizer.zero_grad()
         lm_loss(net, split_batch(ids, rank, world_size)).backward()
         if scheme == "ddp":
@@ -870,6 +882,7 @@ def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch
         out["params"] = net.full_parameters()
         out["param_bytes"] = sum(u.shard.numel() * u.shard.element_size() for u in net.units)
         out["peak_param_bytes"] = net.stats["peak"]
+        out["held_history"] = net.stats["history"]
     elif scheme == "torch_fsdp":
         out["params"] = {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}
         out["param_bytes"] = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
@@ -889,6 +902,8 @@ def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch
                                      for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq"))
     if ddp is not None:
         out["done_before_wait"] = ddp.done_before_wait
+        names = {id(p): name for name, p in model.named_parameters()}
+        out["buckets"] = [[names[id(p)] for p in bucket.params] for bucket in ddp.buckets]
     out["seconds"] = seconds
     return out
 
