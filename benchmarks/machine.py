@@ -1,6 +1,6 @@
 """The machine record that every run writes beside its rows (``machine``, ``machine_<key>``).
 
-Chapters 4, 13, 15, 17, 20, 22 and 23 read it.
+Chapters 4, 13, 15, 17, 20, 22, 23 and 27 read it.
 
 ``machine(threads)``: date, platform, processor, CPU count, torch threads, Python, torch and
 transformers versions, the GPU's name; ``caches()``, the page size, the C library and transparent
