@@ -73,7 +73,9 @@ def setup(seed: int = 0) -> torch.device:
 
 
 def load_benchmark_results() -> dict:
-    """The committed benchmark run that chapters 4, 13, 15, 17, 20, 22, 23 and 27 read (written by ``benchmarks/run.py``).
+    """The committed benchmark run that chapters 4, 13, 15, 17, 20, 22, 23 and 27 read.
+
+    ``benchmarks/run.py`` writes it.
 
     It ships inside tfcore, so a chapter reads the same file on a clone, an installed package or
     Colab, with no network. Keys: ``machine`` (and ``machine_<key>`` for keys re-measured alone),
