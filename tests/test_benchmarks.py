@@ -276,6 +276,22 @@ def test_committed_speculative_rows_chapter_22_reads(committed):
     assert sorted(passes) == list(range(1, 8)) and all(r["cached"] == 40 and r["seconds"] > 0 for r in passes.values())
 
 
+def test_committed_distributed_rows_chapter_27_reads(committed):
+    from benchmarks.distributed import FULL
+    from tfcore.distributed import SCHEMES
+
+    rows = [r for r in committed["distributed"] if r["device"] == "cpu"]
+    steps = {(r["scheme"], r["processes"]) for r in rows if r["kind"] == "step"}
+    assert steps == {("single", 1), ("local", 2), ("local", 4)} | {(s, p) for s in SCHEMES for p in FULL["processes"]}
+    collectives = {(r["scheme"], r["processes"]) for r in rows if r["kind"] == "collective"}
+    assert collectives == {(c, p) for c in ("all_reduce", "all_gather", "reduce_scatter") for p in (2, 4)}
+    assert all(r["seconds"] > 0 and r["global_batch"] == 8 and r["sequence_length"] == 64 for r in rows)
+    assert {r["parameters"] for r in rows} == {4_224_512}
+    assert committed["machine_distributed"]["cpu_count"] == 2  # chapter 27 says "on a 2-core CPU"
+    bucketed = [r for r in rows if r["scheme"] == "bucketed" and r["processes"] == 2]
+    assert len(bucketed) == 1 and len(bucketed[0]["buckets_done_before_wait"]) > 0
+
+
 def test_chapter_13s_additive_attention_refuses_mismatched_batches():
     """A query batch of 1 against keys of batch 2 broadcast silently to a batch of 2 before the check on
     the batch axis (found by review F10); now it is a clear error, and matching shapes still run."""
