@@ -19,8 +19,10 @@ processes is part of a step.
 Communication alone (p >= 2, in the same processes after the training): ``all_reduce``, ``all_gather``
 and ``reduce_scatter`` (``tfcore.distributed``'s, which the schemes call) of one flat float32 tensor
 of the model's ``Psi`` parameters (padded to a multiple of p), every rank starting together after a
-barrier; rows with ``kind="collective"``, ``seconds`` = ``comm_seconds`` = the median over repeats of
-the slowest rank. A step row of our schemes (``ddp``, ``bucketed``, ``zero1``, ``fsdp``) also gets
+barrier; and ``"all_reduce per parameter"``: the same elements all-reduced as ``average_gradients``
+sends them, one message per parameter tensor (``messages``), one after the other. Rows with
+``kind="collective"``, ``seconds`` = ``comm_seconds`` = the median over repeats of the slowest rank.
+A step row of our schemes (``ddp``, ``bucketed``, ``zero1``, ``fsdp``) also gets
 ``comm_seconds``: its collectives in the last step, as counted by ``tfcore.distributed.traffic``, each
 priced at the time of that collective on Psi elements alone (``comm_collectives``: how many
 Psi-sized collectives of each kind that is: 1 all-reduce for DDP, a reduce-scatter and an all-gather
@@ -58,6 +60,7 @@ SMOKE = dict(sizes=dict(vocab_size=64, max_position_embeddings=8, hidden_size=16
              comm_repeats=2, bucket_bytes=2 ** 10, timeout=300.0)
 # the collectives each step's traffic is priced with (tfcore.distributed.traffic's names)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+PER_PARAMETER = "all_reduce per parameter"  # the collective rows' scheme for one all-reduce per parameter
 OURS = ("ddp", "bucketed", "zero1", "fsdp")
 
 
@@ -83,17 +86,21 @@ def _single_seconds(config, batches: torch.Tensor) -> list[float]:
     return seconds
 
 
-def _collective_seconds(numel: int, repeats: int) -> dict:
+def _collective_seconds(numel: int, repeats: int, sizes: list[int]) -> dict:
     """This rank's seconds for each collective on ``numel`` float32 elements (``numel`` a multiple of p),
-    ``WARMUP + repeats`` times each, every call after a barrier."""
+    ``WARMUP + repeats`` times each, every call after a barrier; and for ``PER_PARAMETER``: one
+    all-reduce per tensor of ``sizes`` (the model's parameters), one after the other, as
+    ``average_gradients`` sends them: the same elements as one all-reduce, in ``len(sizes)`` messages."""
     import torch.distributed as dist
 
     from tfcore import distributed as D
 
     world_size = dist.get_world_size()
     full, shard = torch.randn(numel), torch.randn(numel // world_size)
+    pieces = [torch.randn(n) for n in sizes]
     calls = {"all_reduce": lambda: D.all_reduce(full), "all_gather": lambda: D.all_gather(full, shard),
-             "reduce_scatter": lambda: D.reduce_scatter(shard, full)}
+             "reduce_scatter": lambda: D.reduce_scatter(shard, full),
+             PER_PARAMETER: lambda: [D.all_reduce(piece) for piece in pieces]}
     seconds = {name: [] for name in calls}
     for _ in range(WARMUP + repeats):
         for name, call in calls.items():
@@ -135,7 +142,8 @@ def scaling_worker(rank: int, world_size: int, config, batches: torch.Tensor, ro
     model = D.make_model(config, torch.float32, 0)
     buckets = len(D.BucketedDDP(model, bucket_bytes).buckets)  # as train_worker buckets the same model
     numel = D.padded(sum(p.numel() for p in model.parameters()), world_size)
-    comm = _collective_seconds(numel, comm_repeats) if world_size > 1 else {}
+    sizes = [p.numel() for p in model.parameters()]
+    comm = _collective_seconds(numel, comm_repeats, sizes) if world_size > 1 else {}
     return {"steps": steps, "traffic": traffic, "done_before_wait": done, "buckets": buckets, "comm": comm}
 
 
@@ -165,9 +173,13 @@ def scaling(plan: dict, device) -> list[dict]:
                          plan["bucket_bytes"], timeout=plan["timeout"])
         comm = {name: slowest_median([[r["comm"][name] for r in ranks]]) for name in ranks[0]["comm"]}
         numel = D.padded(parameters, p)
+        messages = len(list(D.make_model(config, torch.float32, 0).parameters()))
         for name, seconds in comm.items():
+            per_parameter = name == PER_PARAMETER
+            elements = parameters if per_parameter else numel
             rows.append({"kind": "collective", "scheme": name, "processes": p, "seconds": seconds,
-                         "comm_seconds": seconds, "elements": numel, "bytes": 4 * numel, **common})
+                         "comm_seconds": seconds, "elements": elements, "bytes": 4 * elements,
+                         "messages": messages if per_parameter else 1, **common})
         for scheme in ranks[0]["steps"]:
             seconds = slowest_median([[r["steps"][scheme][k] for r in ranks] for k in range(plan["rounds"])])
             counts = comm_seconds = None

@@ -121,7 +121,9 @@ def _check_distributed_smoke(rows):
     steps = {(r["scheme"], r["processes"]): r for r in rows if r["kind"] == "step"}
     assert set(steps) == {("single", 1), ("local", 2)} | {(s, p) for s in SCHEMES for p in (1, 2)}
     collectives = {r["scheme"]: r for r in rows if r["kind"] == "collective"}
-    assert set(collectives) == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert set(collectives) == {"all_reduce", "all_gather", "reduce_scatter", "all_reduce per parameter"}
+    per_parameter = collectives["all_reduce per parameter"]
+    assert per_parameter["messages"] == 16 * 2 + 4 and collectives["all_reduce"]["messages"] == 1  # 2 blocks of 16
     assert all(r["processes"] == 2 and r["seconds"] == r["comm_seconds"] > 0 for r in collectives.values())
     assert all(r["seconds"] > 0 and r["global_batch"] == 4 and r["parameters"] == rows[0]["parameters"] > 0
                for r in rows)
@@ -284,7 +286,10 @@ def test_committed_distributed_rows_chapter_27_reads(committed):
     steps = {(r["scheme"], r["processes"]) for r in rows if r["kind"] == "step"}
     assert steps == {("single", 1), ("local", 2), ("local", 4)} | {(s, p) for s in SCHEMES for p in FULL["processes"]}
     collectives = {(r["scheme"], r["processes"]) for r in rows if r["kind"] == "collective"}
-    assert collectives == {(c, p) for c in ("all_reduce", "all_gather", "reduce_scatter") for p in (2, 4)}
+    names = ("all_reduce", "all_gather", "reduce_scatter", "all_reduce per parameter")
+    assert collectives == {(c, p) for c in names for p in (2, 4)}
+    per_parameter = [r for r in rows if r["scheme"] == "all_reduce per parameter"]
+    assert all(r["messages"] == 16 * 4 + 4 and r["elements"] == 4_224_512 for r in per_parameter)  # 4 blocks
     assert all(r["seconds"] > 0 and r["global_batch"] == 8 and r["sequence_length"] == 64 for r in rows)
     assert {r["parameters"] for r in rows} == {4_224_512}
     assert committed["machine_distributed"]["cpu_count"] == 2  # chapter 27 says "on a 2-core CPU"

@@ -298,6 +298,14 @@ def test_bytes_sent_per_step_follow_the_zero_paper(runs, dtype):
     fsdp = psi(pad_per_unit=True)
     assert fsdp > psi()  # the odd intermediate size makes the blocks' flat parameters need padding
     assert runs[0]["fsdp", dtype]["traffic"] == {"all_gather": 2 * f * fsdp, "reduce_scatter": f * fsdp}
+    # and the messages: one all-reduce per parameter, one per bucket, one per unit and pass
+    model = D.make_model(CONFIG, dtype, 0)
+    assert runs[0]["ddp", dtype]["calls"] == {"all_reduce": len(list(model.parameters()))}
+    assert runs[0]["bucketed", dtype]["calls"] == {"all_reduce": len(runs[0]["bucketed", dtype]["buckets"])}
+    units = CONFIG.num_hidden_layers + 1
+    assert runs[0]["fsdp", dtype]["calls"] == {"all_gather": 2 * units, "reduce_scatter": units}
+    pieces = -(-D.padded(psi(), P) // P // D.PIECE_NUMEL)  # ZeroAdamW's pieces per shard
+    assert runs[0]["zero1", dtype]["calls"] == {"reduce_scatter": pieces, "all_gather": pieces}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -189,6 +189,7 @@ def peak_rss_bytes() -> int:
 # ------------------------------------------------------------------------------- counted collectives
 
 traffic: Counter = Counter()  # {collective: elements sent by this rank under the ring algorithm}
+calls: Counter = Counter()  # {collective: how many times this rank called it}
 
 
 def ring_elements(op: str, numel: int, world_size: int) -> float:
@@ -208,6 +209,7 @@ def ring_elements(op: str, numel: int, world_size: int) -> float:
 
 def _count(op: str, numel: int):
     traffic[op] += ring_elements(op, numel, dist.get_world_size())
+    calls[op] += 1
 
 
 def broadcast(tensor: torch.Tensor, src: int = 0):
@@ -814,7 +816,8 @@ def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch
 
     Each rank draws its own weights (seed ``seed + rank``), so the broadcast from rank 0 is what makes
     them equal. Returns ``params`` ``{name: tensor}`` after the last step, ``traffic`` (elements this
-    rank sent in the last step, by collective; our schemes only), ``state_bytes`` (AdamW's moments
+    rank sent in the last step, by collective; our schemes only), ``calls`` (how many times it called
+    each collective in the last step), ``state_bytes`` (AdamW's moments
     on this rank), ``param_bytes`` (parameters kept between steps on this rank; zero1: its flat
     buffer, padded), ``peak_param_bytes``
     (the most parameter bytes alive at once, FSDP), ``held_history`` (FSDP: the bytes of whole
@@ -865,6 +868,7 @@ def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch
     for ids in batches:
         start = time.perf_counter()
         traffic.clear()
+        calls.clear()
         if scheme == "fsdp":
             net.stats["history"] = [net.stats["held"]]
         optimizer.zero_grad()
@@ -876,6 +880,7 @@ def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch
         optimizer.step()
         seconds.append(time.perf_counter() - start)
         out["traffic"] = dict(traffic)
+        out["calls"] = dict(calls)
     if measure_memory:
         out["peak_rss"] = peak_rss_bytes()
     if scheme == "fsdp":
