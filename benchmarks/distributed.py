@@ -20,7 +20,8 @@ Communication alone (p >= 2, in the same processes after the training): ``all_re
 and ``reduce_scatter`` (``tfcore.distributed``'s, which the schemes call) of one flat float32 tensor
 of the model's ``Psi`` parameters (padded to a multiple of p), every rank starting together after a
 barrier; and ``"all_reduce per parameter"``: the same elements all-reduced as ``average_gradients``
-sends them, one message per parameter tensor (``messages``), one after the other. Rows with
+sends them, one message per parameter tensor (``messages``), one after the other, and ``"all_reduce of
+one element, per parameter"``: as many all-reduces of one element each. Rows with
 ``kind="collective"``, ``seconds`` = ``comm_seconds`` = the median over repeats of the slowest rank.
 A step row of our schemes (``ddp``, ``bucketed``, ``zero1``, ``fsdp``) also gets
 ``comm_seconds``: its collectives in the last step, as counted by ``tfcore.distributed.traffic``, each
@@ -38,7 +39,7 @@ neither the compute nor the link resembles GPUs joined by a fast interconnect. W
 time of each scheme's step on ``1 / p`` of the batch, and of its collectives alone, on this machine.
 ``bucketed`` rows also hold ``buckets_done_before_wait``: for each timed step of rank 0, how many
 buckets' all-reduces had finished when the backward pass ended (``BucketedDDP.done_before_wait``),
-of ``buckets``.
+of ``buckets``, and ``timeline``: rank 0's last timed step of the last round (``train_worker``'s).
 
     .venv/bin/python benchmarks/run.py --only distributed --threads 1
 """
@@ -61,6 +62,7 @@ SMOKE = dict(sizes=dict(vocab_size=64, max_position_embeddings=8, hidden_size=16
 # the collectives each step's traffic is priced with (tfcore.distributed.traffic's names)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 PER_PARAMETER = "all_reduce per parameter"  # the collective rows' scheme for one all-reduce per parameter
+TINY = "all_reduce of one element, per parameter"  # as many all-reduces, of one element each: their fixed cost
 OURS = ("ddp", "bucketed", "zero1", "fsdp")
 
 
@@ -90,7 +92,8 @@ def _collective_seconds(numel: int, repeats: int, sizes: list[int]) -> dict:
     """This rank's seconds for each collective on ``numel`` float32 elements (``numel`` a multiple of p),
     ``WARMUP + repeats`` times each, every call after a barrier; and for ``PER_PARAMETER``: one
     all-reduce per tensor of ``sizes`` (the model's parameters), one after the other, as
-    ``average_gradients`` sends them: the same elements as one all-reduce, in ``len(sizes)`` messages."""
+    ``average_gradients`` sends them: the same elements as one all-reduce, in ``len(sizes)`` messages;
+    and for ``TINY``: as many all-reduces of one element each (what each call costs whatever its size)."""
     import torch.distributed as dist
 
     from tfcore import distributed as D
@@ -98,9 +101,11 @@ def _collective_seconds(numel: int, repeats: int, sizes: list[int]) -> dict:
     world_size = dist.get_world_size()
     full, shard = torch.randn(numel), torch.randn(numel // world_size)
     pieces = [torch.randn(n) for n in sizes]
+    tiny = [torch.randn(1) for _ in sizes]
     calls = {"all_reduce": lambda: D.all_reduce(full), "all_gather": lambda: D.all_gather(full, shard),
              "reduce_scatter": lambda: D.reduce_scatter(shard, full),
-             PER_PARAMETER: lambda: [D.all_reduce(piece) for piece in pieces]}
+             PER_PARAMETER: lambda: [D.all_reduce(piece) for piece in pieces],
+             TINY: lambda: [D.all_reduce(one) for one in tiny]}
     seconds = {name: [] for name in calls}
     for _ in range(WARMUP + repeats):
         for name, call in calls.items():
@@ -124,7 +129,7 @@ def scaling_worker(rank: int, world_size: int, config, batches: torch.Tensor, ro
     from tfcore import distributed as D
 
     steps = {scheme: [] for scheme in (("single",) if world_size == 1 else ("local",)) + D.SCHEMES}
-    traffic, done = {}, {}
+    traffic, done, timeline = {}, {}, {}
     for _ in range(rounds):
         for scheme, runs in steps.items():
             if scheme == "single":
@@ -139,12 +144,14 @@ def scaling_worker(rank: int, world_size: int, config, batches: torch.Tensor, ro
             runs.append(out["seconds"])
             traffic[scheme] = out.get("traffic", {})
             done[scheme] = out["done_before_wait"]
+            timeline[scheme] = out.get("timeline")
     model = D.make_model(config, torch.float32, 0)
     buckets = len(D.BucketedDDP(model, bucket_bytes).buckets)  # as train_worker buckets the same model
     numel = D.padded(sum(p.numel() for p in model.parameters()), world_size)
     sizes = [p.numel() for p in model.parameters()]
     comm = _collective_seconds(numel, comm_repeats, sizes) if world_size > 1 else {}
-    return {"steps": steps, "traffic": traffic, "done_before_wait": done, "buckets": buckets, "comm": comm}
+    return {"steps": steps, "traffic": traffic, "done_before_wait": done, "timeline": timeline, "buckets": buckets,
+            "comm": comm}
 
 
 def slowest_median(runs: list[list[list[float]]]) -> float:
@@ -175,11 +182,11 @@ def scaling(plan: dict, device) -> list[dict]:
         numel = D.padded(parameters, p)
         messages = len(list(D.make_model(config, torch.float32, 0).parameters()))
         for name, seconds in comm.items():
-            per_parameter = name == PER_PARAMETER
-            elements = parameters if per_parameter else numel
+            many = name in (PER_PARAMETER, TINY)
+            elements = {PER_PARAMETER: parameters, TINY: messages}.get(name, numel)
             rows.append({"kind": "collective", "scheme": name, "processes": p, "seconds": seconds,
                          "comm_seconds": seconds, "elements": elements, "bytes": 4 * elements,
-                         "messages": messages if per_parameter else 1, **common})
+                         "messages": messages if many else 1, **common})
         for scheme in ranks[0]["steps"]:
             seconds = slowest_median([[r["steps"][scheme][k] for r in ranks] for k in range(plan["rounds"])])
             counts = comm_seconds = None
@@ -191,7 +198,8 @@ def scaling(plan: dict, device) -> list[dict]:
                          "comm_seconds": comm_seconds, "comm_collectives": counts,
                          "steps": plan["rounds"] * plan["steps"],
                          **({"bucket_bytes": plan["bucket_bytes"], "buckets": ranks[0]["buckets"],
-                             "buckets_done_before_wait": ranks[0]["done_before_wait"][scheme][WARMUP:]}
+                             "buckets_done_before_wait": ranks[0]["done_before_wait"][scheme][WARMUP:],
+                             "timeline": ranks[0]["timeline"][scheme][-1]}
                             if scheme == "bucketed" else {}), **common})
     return rows
 

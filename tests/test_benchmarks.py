@@ -121,9 +121,10 @@ def _check_distributed_smoke(rows):
     steps = {(r["scheme"], r["processes"]): r for r in rows if r["kind"] == "step"}
     assert set(steps) == {("single", 1), ("local", 2)} | {(s, p) for s in SCHEMES for p in (1, 2)}
     collectives = {r["scheme"]: r for r in rows if r["kind"] == "collective"}
-    assert set(collectives) == {"all_reduce", "all_gather", "reduce_scatter", "all_reduce per parameter"}
-    per_parameter = collectives["all_reduce per parameter"]
-    assert per_parameter["messages"] == 16 * 2 + 4 and collectives["all_reduce"]["messages"] == 1  # 2 blocks of 16
+    many = ("all_reduce per parameter", "all_reduce of one element, per parameter")
+    assert set(collectives) == {"all_reduce", "all_gather", "reduce_scatter", *many}
+    assert all(collectives[m]["messages"] == 16 * 2 + 4 for m in many)  # 2 blocks of 16 tensors, and 4
+    assert collectives["all_reduce"]["messages"] == 1 and collectives[many[1]]["elements"] == 16 * 2 + 4
     assert all(r["processes"] == 2 and r["seconds"] == r["comm_seconds"] > 0 for r in collectives.values())
     assert all(r["seconds"] > 0 and r["global_batch"] == 4 and r["parameters"] == rows[0]["parameters"] > 0
                for r in rows)
@@ -140,6 +141,9 @@ def _check_distributed_smoke(rows):
             assert r["comm_seconds"] is None
     bucketed = steps["bucketed", 2]
     assert bucketed["buckets"] >= 2 and all(0 <= n <= bucketed["buckets"] for n in bucketed["buckets_done_before_wait"])
+    timeline = bucketed["timeline"]
+    assert len(timeline["launched"]) == len(timeline["waited"]) == bucketed["buckets"]
+    assert max(timeline["launched"]) <= timeline["backward_end"] <= min(timeline["waited"])
 
 
 def test_distributed_rows_take_the_slowest_rank_then_the_median():
@@ -286,15 +290,18 @@ def test_committed_distributed_rows_chapter_27_reads(committed):
     steps = {(r["scheme"], r["processes"]) for r in rows if r["kind"] == "step"}
     assert steps == {("single", 1), ("local", 2), ("local", 4)} | {(s, p) for s in SCHEMES for p in FULL["processes"]}
     collectives = {(r["scheme"], r["processes"]) for r in rows if r["kind"] == "collective"}
-    names = ("all_reduce", "all_gather", "reduce_scatter", "all_reduce per parameter")
+    names = ("all_reduce", "all_gather", "reduce_scatter", "all_reduce per parameter",
+             "all_reduce of one element, per parameter")
     assert collectives == {(c, p) for c in names for p in (2, 4)}
-    per_parameter = [r for r in rows if r["scheme"] == "all_reduce per parameter"]
-    assert all(r["messages"] == 16 * 4 + 4 and r["elements"] == 4_224_512 for r in per_parameter)  # 4 blocks
+    per_parameter = [r for r in rows if r["scheme"] in names[3:]]
+    assert all(r["messages"] == 16 * 4 + 4 for r in per_parameter)  # 4 blocks of 16 tensors, and 4
+    assert {r["elements"] for r in per_parameter} == {4_224_512, 68}
     assert all(r["seconds"] > 0 and r["global_batch"] == 8 and r["sequence_length"] == 64 for r in rows)
     assert {r["parameters"] for r in rows} == {4_224_512}
     assert committed["machine_distributed"]["cpu_count"] == 2  # chapter 27 says "on a 2-core CPU"
     bucketed = [r for r in rows if r["scheme"] == "bucketed" and r["processes"] == 2]
     assert len(bucketed) == 1 and len(bucketed[0]["buckets_done_before_wait"]) > 0
+    assert len(bucketed[0]["timeline"]["launched"]) == bucketed[0]["buckets"]  # chapter 27 draws it
 
 
 def test_chapter_13s_additive_attention_refuses_mismatched_batches():

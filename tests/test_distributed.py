@@ -328,6 +328,13 @@ def test_optimizer_state_and_parameter_bytes_per_rank(runs, dtype):
         assert len(history) == 1 + 4 * (CONFIG.num_hidden_layers + 1)
         names = [n for n, _ in D.make_model(CONFIG, dtype, 0).named_parameters()]
         assert [n for b in r["bucketed", dtype]["buckets"] for n in b] == names[::-1]
+        # the timeline of each step: every bucket launched during backward, its wait returning after
+        bucketed = r["bucketed", dtype]
+        assert len(bucketed["timeline"]) == len(BATCHES)
+        for step, done in zip(bucketed["timeline"], bucketed["done_before_wait"]):
+            assert len(step["launched"]) == len(step["waited"]) == len(bucketed["buckets"]) == len(step["done_at_end"])
+            assert 0 < min(step["launched"]) and max(step["launched"]) <= step["backward_end"] <= min(step["waited"])
+            assert step["waited"] == sorted(step["waited"]) and sum(step["done_at_end"]) == done
 
 
 # ------------------------------------------------------------------------------------------ planted

@@ -301,6 +301,7 @@ class Bucket:
         self.ready = 0  # how many of the parameters have their gradient for this step
         self.flat = None  # the flat gradients [sum of numels] while being reduced
         self.handle = None  # the async all-reduce's handle
+        self.launched = None  # when the all-reduce started (perf_counter seconds)
 
 
 class BucketedDDP:
@@ -327,6 +328,10 @@ class BucketedDDP:
             self.buckets.append(Bucket(current))
         self.bucket_of = {p: bucket for bucket in self.buckets for p in bucket.params}
         self.done_before_wait = []  # per step: buckets whose all-reduce had finished when finish() began
+        # per step, in perf_counter seconds: each bucket's launch, the end of backward (finish() called),
+        # whether each bucket was done then, and when each bucket's wait() returned (an upper bound on
+        # when its all-reduce finished: the waits run one after the other)
+        self.timeline = []
         for p in self.bucket_of:
             p.register_post_accumulate_grad_hook(self._grad_ready)
 
@@ -340,6 +345,7 @@ class BucketedDDP:
         if bucket.handle is not None:
             raise RuntimeError("a bucket was launched twice in one step; call finish() after each backward")
         bucket.flat = torch.cat([p.grad.flatten() for p in bucket.params])
+        bucket.launched = time.perf_counter()
         bucket.handle = all_reduce(bucket.flat, async_op=True)
 
     def _wait(self, bucket: Bucket):
@@ -347,18 +353,24 @@ class BucketedDDP:
 
     def finish(self):
         """Wait for every bucket's all-reduce, then set each ``.grad`` to its mean over ranks."""
-        self.done_before_wait.append(sum(b.handle is not None and b.handle.is_completed() for b in self.buckets))
+        backward_end = time.perf_counter()
+        done = [b.handle is not None and b.handle.is_completed() for b in self.buckets]
+        self.done_before_wait.append(sum(done))
+        step = {"launched": [b.launched for b in self.buckets], "backward_end": backward_end,
+                "done_at_end": done, "waited": []}
         for bucket in self.buckets:
             if bucket.handle is None:
                 raise RuntimeError(f"{len(bucket.params) - bucket.ready} parameter(s) of a bucket got no gradient "
                                    f"in this backward; every parameter must take part in the loss")
             self._wait(bucket)
+            step["waited"].append(time.perf_counter())
             bucket.flat.div_(self.world_size)
             offset = 0
             for p in bucket.params:
                 p.grad.copy_(bucket.flat[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
             bucket.ready, bucket.flat, bucket.handle = 0, None, None
+        self.timeline.append(step)
 
 
 # -------------------------------------------------------------------------------------------- ZeRO-1
@@ -823,7 +835,9 @@ def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch
     (the most parameter bytes alive at once, FSDP), ``held_history`` (FSDP: the bytes of whole
     parameters after each gather and free of the last step, starting from the step's start),
     ``buckets`` (bucketed: the parameter names of each bucket, in the order they are reduced),
-    ``done_before_wait`` (bucketed: per step, the buckets already reduced when ``finish()`` began)
+    ``done_before_wait`` (bucketed: per step, the buckets already reduced when ``finish()`` began),
+    ``timeline`` (bucketed: per step, seconds from the step's start: each bucket's ``launched``, the
+    ``backward_end``, ``done_at_end`` per bucket, and when each bucket's wait returned, ``waited``)
     and ``seconds`` (wall time of each step).
 
     ``measure_memory=True`` adds ``rss_before`` (this process's resident bytes just before the model is
@@ -864,9 +878,10 @@ def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch
     else:
         optimizer = torch.optim.AdamW(net.parameters(), **adamw)
     ddp = BucketedDDP(model, bucket_bytes) if scheme == "bucketed" else None
-    seconds = []
+    seconds, starts = [], []
     for ids in batches:
         start = time.perf_counter()
+        starts.append(start)
         traffic.clear()
         calls.clear()
         if scheme == "fsdp":
@@ -909,6 +924,10 @@ def train_worker(rank: int, world_size: int, scheme: str, config, batches: torch
         out["done_before_wait"] = ddp.done_before_wait
         names = {id(p): name for name, p in model.named_parameters()}
         out["buckets"] = [[names[id(p)] for p in bucket.params] for bucket in ddp.buckets]
+        out["timeline"] = [{"launched": [t - start for t in step["launched"]],
+                            "backward_end": step["backward_end"] - start, "done_at_end": step["done_at_end"],
+                            "waited": [t - start for t in step["waited"]]}
+                           for start, step in zip(starts, ddp.timeline)]
     out["seconds"] = seconds
     return out
 
