@@ -33,7 +33,8 @@ keeps the version later chapters import, and a test keeps the two in agreement.
 - ``dpo``: sequence log-probabilities and the DPO loss, with its implicit rewards (chapter 25)
 - ``stats``: the Wilson interval and the exact McNemar test (chapters 8 and 25)
 - ``distributed``: processes over gloo, the collectives, data parallelism, ZeRO-1 and fully sharded
-  parameters, checked equal to PyTorch's DDP and FSDP (import ``tfcore.distributed``; its chapter is to come)
+  parameters, checked equal to PyTorch's DDP and FSDP, and tensor parallelism of the feed-forward layer
+  (chapter 27; import ``tfcore.distributed``)
 - ``viz``: bertviz's neuron, head and model views (import ``tfcore.viz``)
 - ``diagrams``: schematic figures of attention, heads and layers, drawn with matplotlib (import ``tfcore.diagrams``)
 """
