@@ -8,8 +8,9 @@ loopback. ``scheme="single"`` is the reference without any process group: ``trai
 whole batch, ``torch.optim.AdamW``), timed the same way in the p = 1 process. ``scheme="local"`` (p >= 2)
 is the same loop in each of the p processes at once, each on its ``8 / p`` sequences with no collective
 at all: data parallelism's computation without its communication (the copies drift apart: a timing,
-not a training). One ``launch`` per p runs every scheme in turns (``rounds`` times), so that a change
-in the machine's load hits them alike.
+not a training). ``"bucketed, no overlap"`` (p >= 2) is ``bucketed`` with each bucket waited for as soon
+as it is launched: the same messages, nothing overlapped with backward. One ``launch`` per p runs every
+scheme in turns (``rounds`` times), so that a change in the machine's load hits them alike.
 
 A step's time is the wall clock of one rank from ``zero_grad`` to the end of ``optimizer.step``
 (``train_worker``'s ``seconds``); ``seconds`` is the median, over the steps after the first 2 of each
@@ -62,6 +63,7 @@ SMOKE = dict(sizes=dict(vocab_size=64, max_position_embeddings=8, hidden_size=16
 # the collectives each step's traffic is priced with (tfcore.distributed.traffic's names)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 PER_PARAMETER = "all_reduce per parameter"  # the collective rows' scheme for one all-reduce per parameter
+NO_OVERLAP = "bucketed, no overlap"  # the control: the same buckets, each waited for as soon as it is launched
 TINY = "all_reduce of one element, per parameter"  # as many all-reduces, of one element each: their fixed cost
 OURS = ("ddp", "bucketed", "zero1", "fsdp")
 
@@ -116,11 +118,30 @@ def _collective_seconds(numel: int, repeats: int, sizes: list[int]) -> dict:
     return seconds
 
 
+def _bucketed_without_overlap(rank: int, world_size: int, config, batches: torch.Tensor, bucket_bytes: int) -> dict:
+    """``train_worker``'s "bucketed" scheme with each bucket's all-reduce waited for as soon as it is
+    launched: the same buckets and messages, nothing overlapped with backward."""
+    from tfcore import distributed as D
+
+    launch = D.BucketedDDP._launch
+
+    def launch_and_wait(self, bucket):
+        launch(self, bucket)
+        bucket.handle.wait()
+
+    D.BucketedDDP._launch = launch_and_wait
+    try:
+        return D.train_worker(rank, world_size, "bucketed", config, batches, dtype=torch.float32,
+                              bucket_bytes=bucket_bytes)
+    finally:
+        D.BucketedDDP._launch = launch
+
+
 def scaling_worker(rank: int, world_size: int, config, batches: torch.Tensor, rounds: int, comm_repeats: int,
                    bucket_bytes: int) -> dict:
     """Run in each of the ``world_size`` processes: every scheme ``rounds`` times in turns (and the
-    one-process reference ``single`` when ``world_size == 1``, ``local`` otherwise), then the collectives
-    alone (``world_size >= 2``).
+    one-process reference ``single`` when ``world_size == 1``, ``local`` and ``NO_OVERLAP`` otherwise),
+    then the collectives alone (``world_size >= 2``).
 
     Returns ``{"steps": {scheme: [seconds of each step, one list per round]}, "traffic": {scheme: elements
     sent in the last step, by collective}, "done_before_wait": {scheme: train_worker's, last round},
@@ -128,7 +149,8 @@ def scaling_worker(rank: int, world_size: int, config, batches: torch.Tensor, ro
     """
     from tfcore import distributed as D
 
-    steps = {scheme: [] for scheme in (("single",) if world_size == 1 else ("local",)) + D.SCHEMES}
+    references = ("single",) if world_size == 1 else ("local",)
+    steps = {scheme: [] for scheme in references + D.SCHEMES + ((NO_OVERLAP,) if world_size > 1 else ())}
     traffic, done, timeline = {}, {}, {}
     for _ in range(rounds):
         for scheme, runs in steps.items():
@@ -138,6 +160,9 @@ def scaling_worker(rank: int, world_size: int, config, batches: torch.Tensor, ro
             if scheme == "local":  # this rank's rows only, and no collective
                 runs.append(_single_seconds(config, torch.stack([D.split_batch(ids, rank, world_size)
                                                                  for ids in batches])))
+                continue
+            if scheme == NO_OVERLAP:
+                runs.append(_bucketed_without_overlap(rank, world_size, config, batches, bucket_bytes)["seconds"])
                 continue
             out = D.train_worker(rank, world_size, scheme, config, batches, dtype=torch.float32,
                                  bucket_bytes=bucket_bytes)

@@ -119,7 +119,8 @@ def _check_distributed_smoke(rows):
     from tfcore.distributed import SCHEMES
 
     steps = {(r["scheme"], r["processes"]): r for r in rows if r["kind"] == "step"}
-    assert set(steps) == {("single", 1), ("local", 2)} | {(s, p) for s in SCHEMES for p in (1, 2)}
+    assert set(steps) == {("single", 1), ("local", 2), ("bucketed, no overlap", 2)} | {
+        (s, p) for s in SCHEMES for p in (1, 2)}
     collectives = {r["scheme"]: r for r in rows if r["kind"] == "collective"}
     many = ("all_reduce per parameter", "all_reduce of one element, per parameter")
     assert set(collectives) == {"all_reduce", "all_gather", "reduce_scatter", *many}
@@ -288,7 +289,8 @@ def test_committed_distributed_rows_chapter_27_reads(committed):
 
     rows = [r for r in committed["distributed"] if r["device"] == "cpu"]
     steps = {(r["scheme"], r["processes"]) for r in rows if r["kind"] == "step"}
-    assert steps == {("single", 1), ("local", 2), ("local", 4)} | {(s, p) for s in SCHEMES for p in FULL["processes"]}
+    references = {("single", 1)} | {(s, p) for s in ("local", "bucketed, no overlap") for p in (2, 4)}
+    assert steps == references | {(s, p) for s in SCHEMES for p in FULL["processes"]}
     collectives = {(r["scheme"], r["processes"]) for r in rows if r["kind"] == "collective"}
     names = ("all_reduce", "all_gather", "reduce_scatter", "all_reduce per parameter",
              "all_reduce of one element, per parameter")
