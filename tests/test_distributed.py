@@ -161,6 +161,21 @@ def raising_worker(rank, world_size):
     dist.barrier()
 
 
+def gloo_events_worker(rank, world_size):
+    """The profiler's names of what the pinned gloo runs for our reduce-scatter and all-gather."""
+    from torch.profiler import ProfilerActivity, profile
+
+    full, shard = torch.randn(world_size * 8), torch.empty(8)
+    names = {}
+    for op, call in (("reduce_scatter", lambda: D.reduce_scatter(shard, full)),
+                     ("all_gather", lambda: D.all_gather(full, shard))):
+        dist.barrier()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            call()
+        names[op] = {e.name for e in prof.events() if e.name.startswith("gloo:")}
+    return names
+
+
 def sleeping_worker(rank, world_size):
     time.sleep(600)
 
@@ -357,6 +372,14 @@ def test_buckets_reversed_and_sized(monkeypatch):
     assert order == list(model.parameters())[::-1]
     assert all(sum(p.numel() * 4 for p in b.params) >= BUCKET_BYTES for b in ddp.buckets[:-1])
     assert all(sum(p.numel() * 4 for p in b.params[:-1]) < BUCKET_BYTES for b in ddp.buckets)
+
+
+def test_the_pinned_gloo_reduce_scatters_by_all_reducing():
+    """Chapter 27 says so: in torch 2.13, gloo's reduce-scatter runs an all-reduce of the whole input (the
+    profiler shows a gloo all_reduce inside it) and keeps its chunk; its all-gather does not all-reduce."""
+    events = D.launch(gloo_events_worker, P, timeout=120)[0]
+    assert "gloo:all_reduce" in events["reduce_scatter"]
+    assert events["all_gather"] and "gloo:all_reduce" not in events["all_gather"]
 
 
 # ------------------------------------------------------------------------------------ faults and input
