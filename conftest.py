@@ -11,7 +11,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Tests that share the built book: the `html` fixture builds it into the one `_build` folder.
-BOOK_TESTS = {"tests/test_book.py", "tests/test_browser.py"}
+BOOK_TESTS = {"tests/test_book.py", "tests/test_browser.py", "tests/test_gpt_page.py"}
 
 
 def _rank(nodeid: str) -> int:

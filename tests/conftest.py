@@ -15,6 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.pop("TFCORE_CHECKPOINT", None)  # the tests are about the embedded default
 
 ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's; never a downloaded browser
 
 
 def build(source: Path) -> subprocess.CompletedProcess:
@@ -32,3 +33,16 @@ def html() -> Path:
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "WARNING" not in result.stdout + result.stderr
     return ROOT / "_build" / "html"
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium, headless, through Playwright: one for the browser tests of a worker."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield chromium
+        chromium.close()

@@ -19,10 +19,10 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
+from conftest import CHROMIUM
 from notebook_checks import ROOT, toc_files
 from views import views
 
-CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = ROOT / "screenshots"
 DRAWN = "document.querySelectorAll(`#${id} svg *`).length"  # a JavaScript expression of id
 # Every URL but the book's own files: matched in the browser, so only these requests reach Python
@@ -36,18 +36,6 @@ pytestmark = pytest.mark.skipif(
 
 def pages(html: Path) -> list[Path]:
     return [html / (page + ".html") for page in toc_files()]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=str(CHROMIUM),
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture(scope="module")

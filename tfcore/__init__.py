@@ -35,6 +35,8 @@ keeps the version later chapters import, and a test keeps the two in agreement.
 - ``distributed``: processes over gloo, the collectives, data parallelism, ZeRO-1 and fully sharded
   parameters, checked equal to PyTorch's DDP and FSDP, and tensor parallelism of the feed-forward layer
   (chapter 27; import ``tfcore.distributed``)
+- ``browser``: chapter 14's GPT in a page of the book: its 16-bit weights and tokenizer tables, and the
+  reference the page's browser test compares with (import ``tfcore.browser``)
 - ``viz``: bertviz's neuron, head and model views (import ``tfcore.viz``)
 - ``diagrams``: schematic figures of attention, heads and layers, drawn with matplotlib (import ``tfcore.diagrams``)
 """

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 SITE_SCRIPT = "_tfcore/viz.js"
+BOOK_GPT = "_tfcore/book_gpt"  # the page's script, stylesheet and data
 
 
 def _drop_thebe(app, pagename, templatename, context, doctree):
@@ -52,6 +53,19 @@ def _write_site_script(app, exception):
         target.write_text(site_script(), encoding="utf-8")
 
 
+def _write_book_gpt(app, exception):
+    if exception is None and app.builder.format == "html":
+        import shutil
+
+        from tfcore.browser import DATA_SCRIPT, page_data_script
+
+        target = Path(app.outdir) / BOOK_GPT
+        target.mkdir(parents=True, exist_ok=True)
+        for source in (Path(__file__).parent / "book_gpt").iterdir():
+            shutil.copyfile(source, target / source.name)
+        (target / DATA_SCRIPT).write_text(page_data_script(), encoding="utf-8")
+
+
 def _add_static(app):
     """The book's own stylesheet (static/code_column.css: the code column's font size)."""
     app.config.html_static_path.append(str(Path(__file__).parent / "static"))
@@ -63,4 +77,5 @@ def setup(app):
     app.connect("html-page-context", _drop_thebe, priority=900)
     app.connect("html-page-context", _serve_view_libraries_once)
     app.connect("build-finished", _write_site_script)
+    app.connect("build-finished", _write_book_gpt)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

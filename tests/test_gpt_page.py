@@ -1,0 +1,477 @@
+"""The GPT in your browser (book/gpt_in_your_browser.md) computes what tfcore computes.
+
+The page's JavaScript (``book/_ext/book_gpt/book_gpt.js``) runs in Debian's Chromium with the
+network cut, on the data the book's build wrote (``tfcore.browser.page_data_script``), and is
+compared with tfcore:
+
+- token ids with the ``tokenizers`` library's, exactly;
+- logits at every position, and the last token's attention in every head, with ``tfcore.GPT`` in
+  float64 holding the same 16-bit weights, within ``LOGIT_TOL`` and ``ATTENTION_TOL``: ten times
+  what torch's own float32 forward pass differs from float64 at most (checked below), and below
+  what every planted bug moves;
+- greedy tokens with ``tfcore.generate``'s; the filtered distribution with
+  ``tfcore.next_token_probs``'s, and sampled tokens with ``tfcore.browser.sample``'s (the same
+  mulberry32 uniforms on both sides).
+
+Each comparison fails on a planted bug (``PLANTED``: the page's own script with one line changed).
+Then the page itself, driven as a reader would drive it, and what it says it weighs.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+import torch
+
+from conftest import CHROMIUM
+from notebook_checks import ROOT
+
+from tfcore import browser as page_gpt
+from tfcore import generate, next_token_probs
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed")
+
+PAGE = "book/gpt_in_your_browser"
+OUTSIDE = re.compile(r"^(?!file://)")  # every URL but the book's own files
+LOGIT_TOL = 1e-4
+ATTENTION_TOL = 1e-5
+PROB_TOL = 1e-6  # the filtered distributions, computed from logits that agree within LOGIT_TOL / 100
+GREEDY_TOKENS = 20
+PROMPTS = [  # the model's test prompts; the fourth is longer than the 64 positions (the window)
+    "The attention weights of each head",
+    "A",
+    "The decoder attends to every earlier position, and the encoder to every position.",
+    None,  # the held-out test chapter's first 600 characters, filled in by `reference`
+    "Emoji 😀 and accents: café, naïve.",
+]
+SETTINGS = [  # (temperature, top-k, top-p)
+    (1.0, None, None), (0.7, None, None), (1.5, 20, None), (1.0, None, 0.9), (0.8, 10, 0.7),
+    (0.0, None, None), (2.0, 1, None), (1.0, None, 0.05), (1.0, 1000, 1.0)]
+TEXTS = [  # the tokenizer's test strings, beside the whole test chapter
+    "it's 12,345 tokens; they'll see: (a) x+y=3.", "  two spaces,\ttab\n\nand lines \n",
+    "héllo 😀 世界 ü", "a\x85b a\ufeffb x\u2028y\u3000z \u00a0nbsp", "日本語のテキスト", "\x00\x01 bytes \x7f",
+    "Ġ already written", "the the the theory therefore", " ", ""]
+
+# One line of the page's script changed: (what to find, once; what to put instead)
+PLANTED = {
+    "epsilon": ("this.eps = config.layer_norm_eps;", "this.eps = 1e-3;"),
+    "positions": ("const position = t;", "const position = t + 1;"),
+    "causal mask": ("const keys = i + 1;", "const keys = L;"),
+    "merge order": ("if (rank !== undefined && rank < bestRank)", "if (rank !== undefined && best < 0)"),
+}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    tokenizer = page_gpt.page_tokenizer()
+    from tfcore.speculative import decoding_tokenizer_and_texts
+
+    test_chapter = decoding_tokenizer_and_texts()[1]["test"]
+    prompts = [p if p is not None else test_chapter[:600] for p in PROMPTS]
+    return {"tokenizer": tokenizer, "test chapter": test_chapter, "prompts": prompts,
+            "ids": [tokenizer.encode(p).ids for p in prompts],
+            "float64": page_gpt.rounded_book_gpt(torch.float64),
+            "float32": page_gpt.rounded_book_gpt(torch.float32)}
+
+
+@pytest.fixture(scope="module")
+def script_page(html, browser, tmp_path_factory):
+    """``load(source)``: a blank page with the page's data and its script (or a changed copy of it)."""
+    folder = html / "_tfcore" / "book_gpt"
+    blank = tmp_path_factory.mktemp("harness") / "blank.html"
+    blank.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body></body></html>")
+    opened = []
+
+    def load(source: str | None = None):
+        page = browser.new_page()
+        opened.append(page)
+        page.route(OUTSIDE, lambda route: route.abort())
+        page.goto(blank.as_uri())
+        page.add_script_tag(path=str(folder / page_gpt.DATA_SCRIPT))
+        page.add_script_tag(content=source if source is not None else (folder / "book_gpt.js").read_text())
+        return page
+
+    yield load
+    for page in opened:
+        page.close()
+
+
+def planted(name: str) -> str:
+    source = (ROOT / "book" / "_ext" / "book_gpt" / "book_gpt.js").read_text()
+    find, put = PLANTED[name]
+    assert source.count(find) == 1, f"the planted bug {name!r} no longer finds its line: {find!r}"
+    return source.replace(find, put)
+
+
+def largest_difference(page_values, reference_values: torch.Tensor) -> float:
+    """max |page - reference|; NaN or infinity in the page's values counts as infinitely far."""
+    values = torch.tensor(page_values, dtype=torch.float64).view(reference_values.shape)
+    if not torch.isfinite(values).all():
+        return float("inf")
+    return (values - reference_values.double()).abs().max().item()
+
+
+# ---------------------------------------------------------------- the comparisons
+
+def token_problems(page, reference) -> list[str]:
+    problems = []
+    for text in [reference["test chapter"], *TEXTS, *reference["prompts"]]:
+        ids = page.evaluate("text => BookGPT.encode(text)", text)
+        expected = reference["tokenizer"].encode(text).ids
+        if ids != expected:
+            first = next((i for i, (a, b) in enumerate(zip(ids, expected)) if a != b), min(len(ids), len(expected)))
+            problems.append(f"{text[:30]!r}: the page's ids differ from the library's from token {first}")
+    return problems
+
+
+def model_problems(page, reference) -> list[str]:
+    """Logits at every position and the last token's attention, against float64 on the same 16-bit
+    weights; the page's window against ``context_window``."""
+    problems = []
+    for ids in reference["ids"]:
+        window = page_gpt.context_window(ids, 64)
+        if page.evaluate("ids => BookGPT.context(ids)", ids) != window:
+            problems.append(f"{len(ids)} tokens: the page's window is not the last 64 tokens")
+        out = page.evaluate("ids => BookGPT.forward(ids)", window)
+        logits, attention = page_gpt.forward_with_attention(reference["float64"], window)
+        error = largest_difference(out["logits"], logits)
+        if not error <= LOGIT_TOL:
+            problems.append(f"{len(window)} tokens: logits {error:.2e} from tfcore's")
+        error = largest_difference(out["attention"], attention)
+        if not error <= ATTENTION_TOL:
+            problems.append(f"{len(window)} tokens: attention {error:.2e} from tfcore's")
+    return problems
+
+
+def greedy_problems(page, reference) -> list[str]:
+    problems = []
+    for ids in reference["ids"]:
+        if len(ids) + GREEDY_TOKENS > 64:
+            continue  # tfcore.generate refuses more positions than the model has
+        tokens = page.evaluate("a => BookGPT.greedy(a[0], a[1])", [ids, GREEDY_TOKENS])
+        expected = generate(reference["float32"], torch.tensor([ids]), GREEDY_TOKENS)[0].tolist()
+        if tokens != expected:
+            problems.append(f"{len(ids)} tokens: greedy tokens {tokens[len(ids):]} != tfcore.generate's "
+                            f"{expected[len(ids):]}")
+    return problems
+
+
+# ---------------------------------------------------------------- the page computes what tfcore computes
+
+def test_the_page_tokenizes_as_the_library(script_page, reference):
+    assert token_problems(script_page(), reference) == []
+
+
+def test_the_page_computes_the_logits_and_the_attention(script_page, reference):
+    assert max(len(ids) for ids in reference["ids"]) > 64  # the window is exercised
+    assert model_problems(script_page(), reference) == []
+
+
+def test_the_tolerances_sit_above_float32_rounding(reference):
+    """torch's own float32 forward on the same weights stays within a tenth of the tolerances."""
+    for ids in reference["ids"]:
+        window = page_gpt.context_window(ids, 64)
+        logits64, attention64 = page_gpt.forward_with_attention(reference["float64"], window)
+        logits32, attention32 = page_gpt.forward_with_attention(reference["float32"], window)
+        assert (logits32.double() - logits64).abs().max() < LOGIT_TOL / 10
+        assert (attention32.double() - attention64).abs().max() < ATTENTION_TOL / 10
+
+
+def test_greedy_tokens_equal_tfcore_generate(script_page, reference):
+    assert sum(len(ids) + GREEDY_TOKENS <= 64 for ids in reference["ids"]) >= 3
+    assert greedy_problems(script_page(), reference) == []
+
+
+def test_the_16_bit_weights_move_the_logits_by_less_than_a_hundredth(reference):
+    """The page's claim: rounding the shipped float32 weights to 16 bits moves the logits by less
+    than 0.01 on the test prompts, and changes no greedy token there."""
+    from tfcore import load_book_gpt
+
+    shipped, _ = load_book_gpt()
+    for ids in reference["ids"]:
+        window = page_gpt.context_window(ids, 64)
+        shipped_logits, _ = page_gpt.forward_with_attention(shipped, window)
+        rounded_logits, _ = page_gpt.forward_with_attention(reference["float32"], window)
+        assert 0 < (shipped_logits - rounded_logits).abs().max() < 0.01
+        if len(ids) + GREEDY_TOKENS <= 64:
+            prompt = torch.tensor([ids])
+            assert torch.equal(generate(shipped, prompt, GREEDY_TOKENS), generate(reference["float32"], prompt, GREEDY_TOKENS))
+
+
+def test_the_sampler_equals_tfcores(script_page, reference):
+    page = script_page()
+    assert page.evaluate("() => { const r = BookGPT.mulberry32(12345); return Array.from({length: 1000}, r); }") == \
+        [u for generator in [page_gpt.Mulberry32(12345)] for u in (generator.uniform() for _ in range(1000))]
+    kept_sizes = set()
+    for ids in reference["ids"]:
+        window = page_gpt.context_window(ids, 64)
+        page_logits = page.evaluate("ids => { const l = BookGPT.forward(ids).logits; return l.slice(l.length - 1000); }",
+                                    window)
+        logits = page_gpt.forward_with_attention(reference["float64"], window)[0][-1]
+        for temperature, top_k, top_p in SETTINGS:
+            probs = page.evaluate("a => Array.from(BookGPT.nextTokenProbs(a[0], a[1], a[2], a[3]))",
+                                  [page_logits, temperature, top_k, top_p])
+            expected = next_token_probs(logits, temperature, top_k, top_p)
+            probs = torch.tensor(probs, dtype=torch.float64)
+            setting = (len(window), temperature, top_k, top_p)
+            assert torch.equal(probs > 0, expected > 0), setting  # the same tokens kept
+            assert (probs - expected).abs().max() < PROB_TOL, setting
+            kept_sizes.add(int((expected > 0).sum()))
+    assert {1, 1000} < kept_sizes and len(kept_sizes) > 5  # the settings cut in several ways
+    for seed, (temperature, top_k, top_p) in enumerate(SETTINGS):
+        ids = reference["ids"][seed % len(reference["ids"])]
+        tokens = page.evaluate("a => BookGPT.sample(BookGPT.model, ...a)", [ids, 20, temperature, top_k, top_p, seed])
+        assert tokens == page_gpt.sample(reference["float64"], ids, 20, temperature, top_k, top_p, seed)
+
+
+# ---------------------------------------------------------------- the comparisons can fail
+
+@pytest.mark.parametrize("bug", ["epsilon", "positions", "causal mask"])
+def test_a_planted_bug_in_the_model_is_found(script_page, reference, bug):
+    page = script_page(planted(bug))
+    assert token_problems(page, reference) == []  # the model's bug, not the tokenizer's
+    problems = model_problems(page, reference)
+    assert problems, f"the planted bug {bug!r} passed the comparison"
+    assert greedy_problems(page, reference) != [] or bug == "epsilon"
+
+
+def test_a_merge_applied_out_of_order_is_found(script_page, reference):
+    assert token_problems(script_page(planted("merge order")), reference) != []
+
+
+# ---------------------------------------------------------------- tfcore.browser's own checks
+
+def test_tfcore_browser_refuses_what_the_page_cannot_run():
+    from tokenizers import ByteLevelBPETokenizer
+
+    with pytest.raises(ValueError, match="empty prompt"):
+        page_gpt.context_window([], 64)
+    assert page_gpt.context_window(list(range(70)), 64) == list(range(6, 70))
+    for seed in (-1, 2**32, 1.5):
+        with pytest.raises(ValueError, match="seed"):
+            page_gpt.Mulberry32(seed)
+    prefixed = ByteLevelBPETokenizer(add_prefix_space=True)
+    prefixed.train_from_iterator(["some text to train on"], vocab_size=300, show_progress=False)
+    with pytest.raises(ValueError, match="plain byte-level BPE"):
+        page_gpt.tokenizer_tables(prefixed)
+    model = page_gpt.rounded_book_gpt()
+    model.config.hidden_act = "gelu"
+    with pytest.raises(ValueError, match="tanh GELU"):
+        page_gpt.weights_file(model)
+
+
+def test_the_tables_the_page_gets_are_chapter_24s_tokenizer(reference):
+    """tfcore.bpe (chapter 24, from scratch) on the page's vocabulary and merges gives the library's ids."""
+    from tfcore.bpe import ByteLevelBPE
+
+    tables = page_gpt.tokenizer_tables()
+    scratch = ByteLevelBPE(tables["vocab"], [tuple(pair) for pair in tables["merges"]])
+    for text in [reference["test chapter"], *TEXTS]:
+        assert scratch.encode(text) == reference["tokenizer"].encode(text).ids
+
+
+def test_the_16_bit_file_holds_the_rounded_weights():
+    from safetensors.torch import load
+
+    stored = load(page_gpt.weights_file())
+    model = page_gpt.rounded_book_gpt()
+    assert set(stored) == set(model.state_dict()) - {"lm_head.weight"}  # the tied head stored once
+    for name, value in stored.items():
+        assert value.dtype == torch.float16 and torch.equal(value.float(), model.state_dict()[name]), name
+
+
+# ---------------------------------------------------------------- the page, as a reader uses it
+
+def label(tokenizer, token_id: int) -> str:
+    """A token as the page shows it (book_gpt.js's ``label``)."""
+    from tfcore.bpe import CHAR_TO_BYTE
+
+    data = bytes(CHAR_TO_BYTE[c] for c in tokenizer.id_to_token(token_id))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "".join(f"<{b:02X}>" for b in data)
+    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥")
+
+
+class Reader:
+    """The built page in a tab with the network cut: what it logged and tried to fetch."""
+
+    def __init__(self, browser, html: Path):
+        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
+        self.errors, self.outside, self.requests = [], [], []
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.route(OUTSIDE, lambda route: (self.outside.append(route.request.url), route.abort()))
+        self.page.goto((html / (PAGE + ".html")).as_uri(), wait_until="load")
+        self.page.wait_for_selector(".book-gpt .bg-heads")
+
+    def type(self, text: str):
+        self.page.fill(".book-gpt .bg-prompt", text)
+
+    def set(self, control: str, value):
+        self.page.eval_on_selector(f'.book-gpt input[aria-label="{control}"]',
+                                   "(e, v) => { e.value = v; e.dispatchEvent(new Event('input')); }", str(value))
+
+    def click(self, text: str):
+        self.page.click(f".book-gpt button:text-is('{text}')")
+
+    def tokens(self) -> list[dict]:
+        return self.page.eval_on_selector_all(".book-gpt .bg-token", """els => els.map(e => ({
+            id: Number(e.title.match(/^id (\\d+)/)[1]), text: e.textContent,
+            dropped: e.classList.contains('bg-dropped'), sampled: e.classList.contains('bg-sampled')}))""")
+
+    def text(self, selector: str) -> str:
+        return self.page.eval_on_selector(f".book-gpt {selector}", "e => e.textContent")
+
+
+def test_the_page_as_a_reader_uses_it(html, browser, reference):
+    tokenizer, model = reference["tokenizer"], reference["float64"]
+    reader = Reader(browser, html)
+    prompt = "The decoder attends to"
+    reader.type(prompt)
+    ids = tokenizer.encode(prompt).ids
+    shown = reader.tokens()
+    assert [t["id"] for t in shown] == ids and [t["text"] for t in shown] == [label(tokenizer, i) for i in ids]
+
+    # the bars: the model's twelve most probable tokens, in order
+    probs = next_token_probs(page_gpt.forward_with_attention(model, ids)[0][-1])
+    top = probs.argsort(descending=True)[:12].tolist()
+    bars = reader.page.eval_on_selector_all(".book-gpt .bg-bar-label", "els => els.map(e => e.textContent)")
+    assert bars == [label(tokenizer, i) for i in top]
+
+    # the attention table: 2 layers x 4 heads, one cell per token, each row summing to 1
+    rows = reader.page.eval_on_selector_all(".book-gpt table.bg-heads tr", """rows => rows.slice(1).map(r =>
+        Array.from(r.querySelectorAll('td'), td => Number(td.title)))""")
+    assert len(rows) == 8 and all(len(row) == len(ids) and abs(sum(row) - 1) < 0.01 for row in rows)
+
+    # the sliders: what they leave
+    reader.set("temperature", 0)
+    assert "leave 1 of the 1000 tokens" in reader.text(".bg-note")
+    reader.set("temperature", 1)
+    reader.set("top-k", 5)
+    assert "leave 5 of the 1000 tokens" in reader.text(".bg-note")
+
+    # sampling: ten, then one more from the same stream, equal to tfcore.browser.sample
+    reader.set("seed", 7)
+    reader.click("sample 10")
+    reader.click("sample the next token")
+    sampled = [t["id"] for t in reader.tokens() if t["sampled"]]
+    assert sampled == page_gpt.sample(model, ids, 11, 1.0, 5, None, seed=7)[len(ids):]
+    reader.click("clear the samples")
+    assert not any(t["sampled"] for t in reader.tokens())
+
+    # an empty prompt: said, nothing drawn, no error
+    reader.type("")
+    assert "empty prompt" in reader.text(".bg-status")
+    assert reader.page.query_selector_all(".book-gpt .bg-bar-row, .book-gpt table.bg-heads") == []
+
+    # a prompt longer than the model's 64 positions: the earliest tokens dropped, shown greyed
+    long = reference["prompts"][3]
+    reader.type(long)
+    shown, ids = reader.tokens(), tokenizer.encode(long).ids
+    assert [t["dropped"] for t in shown] == [i < len(ids) - 64 for i in range(len(ids))]
+    assert f"sees the last 64, the {len(ids) - 64} before them" in reader.text(".bg-status")
+
+    # text the book never uses: an emoji is four bytes, each shown as its value
+    reader.type("😀")
+    assert [t["text"] for t in reader.tokens()] == ["<F0>", "<9F>", "<98>", "<80>"]
+    assert len(reader.page.query_selector_all(".book-gpt .bg-bar-row")) == 12
+
+    assert reader.errors == [] and reader.outside == []
+    reader.page.close()
+
+
+def page_weight(browser, html: Path) -> dict:
+    """The bytes of every file the page loads (the book's own files: the network is cut)."""
+    reader = Reader(browser, html)
+    sizes = {}
+    for url in reader.requests:
+        path = Path(unquote(urlsplit(url).path))
+        assert path.is_file(), url
+        sizes[path.relative_to(html).as_posix()] = path.stat().st_size
+    reader.page.close()
+    return sizes
+
+
+def weight_problems(text: str, sizes: dict) -> list[str]:
+    """What the page says it weighs, against ``sizes`` (``page_weight``)."""
+    model_files = {name: size for name, size in sizes.items() if name.startswith("_tfcore/book_gpt/")}
+    data = model_files["_tfcore/book_gpt/" + page_gpt.DATA_SCRIPT]
+    measured = {r"loads ([\d.]+) MB in all": round(sum(sizes.values()) / 1e6, 1),
+                r"model adds ([\d,]+) KB": round(sum(model_files.values()) / 1e3),
+                r"its data, ([\d,]+) KB": round(data / 1e3),
+                r"the ([\d,]+) KB of 16-bit weights": round(len(page_gpt.weights_file()) / 1e3),
+                r"the script of ([\d,]+) KB": round(model_files["_tfcore/book_gpt/book_gpt.js"] / 1e3),
+                r"a stylesheet of ([\d,]+) KB": round(model_files["_tfcore/book_gpt/book_gpt.css"] / 1e3)}
+    problems = []
+    for pattern, value in measured.items():
+        found = re.search(pattern, " ".join(text.split()))
+        if found is None or float(found.group(1).replace(",", "")) != value:
+            problems.append(f"{pattern}: the page says {found and found.group(1)}, measured {value}")
+    return problems
+
+
+def test_the_page_weighs_what_it_says(html, browser):
+    sizes = page_weight(browser, html)
+    assert {name for name in sizes if name.startswith("_tfcore/book_gpt/")} == {
+        "_tfcore/book_gpt/" + name for name in ("book_gpt.js", "book_gpt.css", page_gpt.DATA_SCRIPT)}
+    assert not any("mathjax" in name for name in sizes)  # the page has no mathematics: MathJax stays away
+    text = (ROOT / (PAGE + ".md")).read_text()
+    assert weight_problems(text, sizes) == []
+    assert weight_problems(text.replace("model adds", "model adds 1").replace("in all", "in al"), sizes) != []
+
+
+def superscript(power_of_ten: float) -> str:
+    """1e-4 -> '10⁻⁴', as the page writes it."""
+    exponent = round(torch.log10(torch.tensor(power_of_ten, dtype=torch.float64)).item())
+    assert power_of_ten == 10.0 ** exponent
+    return "10" + str(exponent).translate(str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹"))
+
+
+def stated_number_problems(text: str, reference) -> list[str]:
+    """The numbers the page gives about the model, its data and its checks that are not the ones
+    measured here."""
+    import gzip
+    import json
+
+    from tfcore import load_book_gpt
+    from tfcore.speculative import decoding_tokenizer_and_texts
+
+    text = " ".join(text.split())
+    model, metadata = load_book_gpt()
+    train = decoding_tokenizer_and_texts()[1]["train"]
+    script = (ROOT / "book" / "_ext" / "book_gpt" / "book_gpt.js").read_text()
+    data = page_gpt.page_data_script().encode()
+    tables = json.dumps(page_gpt.tokenizer_tables(), separators=(",", ":"))
+    lines = int(re.search(r"about (\d+) lines", text).group(1))
+    problems = [] if abs(lines - script.count("\n")) <= 20 else [f"about {lines} lines: the script has "
+                                                                   f"{script.count(chr(10))}"]
+    facts = {
+        f"{sum(p.numel() for p in model.parameters()):,} parameters": True,
+        f"trained for {metadata['recipe']['steps']} steps on about "
+        f"{round(sum(len(reference['tokenizer'].encode(t).ids) for t in train), -4):,} tokens": True,
+        f"{metadata['losses']['test']:.2f} nats per token": True,
+        f"held-out test chapter ({len(reference['tokenizer'].encode(reference['test chapter']).ids):,} tokens)": True,
+        f"{GREEDY_TOKENS} tokens after each test prompt": True,
+        f"within {superscript(LOGIT_TOL)} for the logits and {superscript(ATTENTION_TOL)} for the attention "
+        f"weights": True,
+        f"the tokenizer's {round(len(tables) / 1e3)} KB of vocabulary and merges": True,
+        f"sends the data as about {round(len(gzip.compress(data, 9)) / 1e4) * 10} KB": True,
+    }
+    return problems + [f"the page does not say {fact!r}" for fact in facts if fact not in text]
+
+
+def test_the_numbers_the_page_states(reference):
+    assert stated_number_problems((ROOT / (PAGE + ".md")).read_text(), reference) == []
+
+
+@pytest.mark.parametrize("right, wrong", [("7,728 tokens", "7,729 tokens"), ("about 430 lines", "about 300 lines")])
+def test_a_wrong_number_on_the_page_is_found(reference, right, wrong):
+    text = (ROOT / (PAGE + ".md")).read_text()
+    assert right in text
+    assert stated_number_problems(text.replace(right, wrong), reference) != []
