@@ -365,6 +365,13 @@ def test_the_page_as_a_reader_uses_it(html, browser, reference):
     reader.click("clear the samples")
     assert not any(t["sampled"] for t in reader.tokens())
 
+    # top-p: the nucleus the page's "Things to try" counts
+    reader.set("top-k", 0)
+    reader.set("top-p", 0.5)
+    reader.type("The")
+    assert "leave 47 of the 1000 tokens" in reader.text(".bg-note")
+    reader.set("top-p", 1)
+
     # an empty prompt: said, nothing drawn, no error
     reader.type("")
     assert "empty prompt" in reader.text(".bg-status")
@@ -461,7 +468,7 @@ def stated_number_problems(text: str, reference) -> list[str]:
         f"within {superscript(LOGIT_TOL)} for the logits and {superscript(ATTENTION_TOL)} for the attention "
         f"weights": True,
         f"the tokenizer's {round(len(tables) / 1e3)} KB of vocabulary and merges": True,
-        f"sends the data as about {round(len(gzip.compress(data, 9)) / 1e4) * 10} KB": True,
+        f"Compressed, as a server may send it, the data is about {round(len(gzip.compress(data, 9)) / 1e4) * 10} KB": True,
     }
     return problems + [f"the page does not say {fact!r}" for fact in facts if fact not in text]
 
@@ -475,3 +482,95 @@ def test_a_wrong_number_on_the_page_is_found(reference, right, wrong):
     text = (ROOT / (PAGE + ".md")).read_text()
     assert right in text
     assert stated_number_problems(text.replace(right, wrong), reference) != []
+
+
+def test_what_the_page_says_about_this_model(reference):
+    """The page's statements about the shipped model: greedy repetition, nucleus sizes, the bytes
+    of an emoji in its training text, and how evenly its heads spread their weight."""
+    from collections import Counter
+
+    from tfcore.speculative import decoding_tokenizer_and_texts
+
+    tokenizer, model = reference["tokenizer"], reference["float64"]
+    text = " ".join((ROOT / (PAGE + ".md")).read_text().split())
+    default = re.search(r'data-prompt="([^"]+)"', text).group(1)
+    ids = tokenizer.encode(default).ids
+    greedy = page_gpt.sample(model, ids, 20, temperature=0.0)
+    continuation = tokenizer.decode(greedy[len(ids):])
+    assert continuation.count("the same") == 2 and continuation.endswith("\n" * 5), continuation
+    assert 'write "the same" twice and end in a run of line breaks' in text
+
+    def kept(prompt: str, top_p: float) -> int:
+        logits = page_gpt.forward_with_attention(model, tokenizer.encode(prompt).ids)[0][-1]
+        return int((next_token_probs(logits, 1.0, None, top_p) > 0).sum())
+
+    assert (kept("The", 0.5), kept("layer norm", 0.5)) == (47, 8)
+    assert 'type "The": the line under the bars counts 47 tokens kept. Type "layer norm": 8' in text
+
+    counts = Counter(i for document in decoding_tokenizer_and_texts()[1]["train"]
+                     for i in tokenizer.encode(document).ids)
+    emoji = tokenizer.encode("😀").ids
+    assert sorted(counts[i] for i in emoji) == [0, 0, 1, 3]
+    first = int(page_gpt.forward_with_attention(model, emoji)[0][-1].argmax())
+    assert tokenizer.id_to_token(first) == "`,"
+    assert "never occur in the model's training text, the other two once and three times" in text
+
+    # the last token's weight on the token before it, per head, over the test chapter's blocks
+    chapter = tokenizer.encode(reference["test chapter"]).ids
+    before, blocks = torch.zeros(2, 4, dtype=torch.float64), 0
+    with torch.no_grad():
+        for start in range(0, len(chapter) - 63, 64):
+            block = chapter[start:start + 64]
+            x = model.token_embeddings(torch.tensor([block])) + model.position_embeddings(torch.arange(64))
+            mask = torch.ones(64, 64, dtype=torch.bool).tril()
+            for layer, layer_block in enumerate(model.blocks):
+                x, weights = layer_block(x, mask, output_attentions=True)  # [1, heads, 64, 64]
+                rows = torch.arange(8, 64)
+                before[layer] += weights[0][:, rows, rows - 1].mean(-1)
+            blocks += 1
+    share = before / blocks
+    assert set((100 * share).round().int().flatten().tolist()) <= {4, 5}, share
+    even = sum(1 / (i + 1) for i in range(8, 64)) / 56
+    assert f"{100 * even:.1f}%" == "3.6%" and "4 to 5% of its weight on average" in text
+
+
+def options_table(results: dict) -> str:
+    """The dropdown's table, from the committed run of tools/page_options (benchmarks/page_options.json):
+    the median over its three rounds of each option's numbers."""
+    def ms(value: float) -> str:
+        return (f"{value:.2g}" if value < 10 else f"{value:.0f}") + " ms"
+
+    def size(count: int) -> str:
+        return f"{count / 1e3:.0f} KB" if count < 1e6 else f"{count / 1e6:.1f} MB"
+
+    rows = [("the files the forward pass needs",
+             lambda o: f"{size(o['page_weight_bytes']['raw'])} ({size(o['page_weight_bytes']['gzip9'])} compressed)"),
+            ("start-up", lambda o: ms(o["median_over_rounds"]["startup_ms"])),
+            ("one forward pass over 64 tokens", lambda o: ms(o["median_over_rounds"]["forward64_median_ms"])),
+            ("one forward pass over 8 tokens", lambda o: ms(o["median_over_rounds"]["forward8_median_ms"])),
+            ("20 greedy tokens after 8, per token",
+             lambda o: ms(o["median_over_rounds"]["greedy20_per_token_ms_median"]))]
+    options = [results["options"][name] for name in ("plain_js", "ort_fp16", "ort_fp32")]
+    lines = ["| | plain JavaScript (this page) | onnxruntime-web, 16-bit weights | onnxruntime-web, 32-bit weights |",
+             "|---|---|---|---|"]
+    lines += [f"| {name} | " + " | ".join(cell(o) for o in options) + " |" for name, cell in rows]
+    return "\n".join(lines)
+
+
+def test_the_comparison_quotes_the_committed_run():
+    """The dropdown's table is the committed run's, and its words agree with it."""
+    import json
+
+    results = json.loads((ROOT / "benchmarks" / "page_options.json").read_text())
+    text = (ROOT / (PAGE + ".md")).read_text()
+    assert options_table(results) in text
+    text = " ".join(text.split())
+    plain, ort = results["options"]["plain_js"], results["options"]["ort_fp16"]
+    times = [ort["median_over_rounds"][key] / plain["median_over_rounds"][key]
+             for key in ("forward64_median_ms", "forward8_median_ms", "greedy20_per_token_ms_median")]
+    assert all(ratio < 0.5 for ratio in times) and "computes a pass several times faster" in text
+    wasm = results["options"]["ort_fp16"]["files"]
+    wasm = next(f["raw"] for name, f in wasm.items() if name.endswith(".wasm"))
+    assert round(wasm / 1e6) == 14 and 25 < wasm / plain["page_weight_bytes"]["raw"] < 35
+    assert "WebAssembly file alone weighs 14 MB, some thirty times" in text
+    assert plain["median_over_rounds"]["forward64_median_ms"] < 1000 / 60 and "fits in the 17 ms" in text
