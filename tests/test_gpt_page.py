@@ -32,7 +32,8 @@ from notebook_checks import ROOT
 from tfcore import browser as page_gpt
 from tfcore import generate, next_token_probs
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed")
+needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed "
+                                    "(make test installs it with apt-get where apt is available)")
 
 PAGE = "book/gpt_in_your_browser"
 OUTSIDE = re.compile(r"^(?!file://)")  # every URL but the book's own files
@@ -161,10 +162,12 @@ def greedy_problems(page, reference) -> list[str]:
 
 # ---------------------------------------------------------------- the page computes what tfcore computes
 
+@needs_chromium
 def test_the_page_tokenizes_as_the_library(script_page, reference):
     assert token_problems(script_page(), reference) == []
 
 
+@needs_chromium
 def test_the_page_computes_the_logits_and_the_attention(script_page, reference):
     assert max(len(ids) for ids in reference["ids"]) > 64  # the window is exercised
     assert model_problems(script_page(), reference) == []
@@ -180,6 +183,7 @@ def test_the_tolerances_sit_above_float32_rounding(reference):
         assert (attention32.double() - attention64).abs().max() < ATTENTION_TOL / 10
 
 
+@needs_chromium
 def test_greedy_tokens_equal_tfcore_generate(script_page, reference):
     assert sum(len(ids) + GREEDY_TOKENS <= 64 for ids in reference["ids"]) >= 3
     assert greedy_problems(script_page(), reference) == []
@@ -201,6 +205,7 @@ def test_the_16_bit_weights_move_the_logits_by_less_than_a_hundredth(reference):
             assert torch.equal(generate(shipped, prompt, GREEDY_TOKENS), generate(reference["float32"], prompt, GREEDY_TOKENS))
 
 
+@needs_chromium
 def test_the_sampler_equals_tfcores(script_page, reference):
     page = script_page()
     assert page.evaluate("() => { const r = BookGPT.mulberry32(12345); return Array.from({length: 1000}, r); }") == \
@@ -229,6 +234,7 @@ def test_the_sampler_equals_tfcores(script_page, reference):
 
 # ---------------------------------------------------------------- the comparisons can fail
 
+@needs_chromium
 @pytest.mark.parametrize("bug", ["epsilon", "positions", "causal mask"])
 def test_a_planted_bug_in_the_model_is_found(script_page, reference, bug):
     page = script_page(planted(bug))
@@ -238,6 +244,7 @@ def test_a_planted_bug_in_the_model_is_found(script_page, reference, bug):
     assert greedy_problems(page, reference) != [] or bug == "epsilon"
 
 
+@needs_chromium
 def test_a_merge_applied_out_of_order_is_found(script_page, reference):
     assert token_problems(script_page(planted("merge order")), reference) != []
 
@@ -329,6 +336,7 @@ class Reader:
         return self.page.eval_on_selector(f".book-gpt {selector}", "e => e.textContent")
 
 
+@needs_chromium
 def test_the_page_as_a_reader_uses_it(html, browser, reference):
     tokenizer, model = reference["tokenizer"], reference["float64"]
     reader = Reader(browser, html)
@@ -423,6 +431,7 @@ def weight_problems(text: str, sizes: dict) -> list[str]:
     return problems
 
 
+@needs_chromium
 def test_the_page_weighs_what_it_says(html, browser):
     sizes = page_weight(browser, html)
     assert {name for name in sizes if name.startswith("_tfcore/book_gpt/")} == {
