@@ -6,14 +6,16 @@ compared with tfcore:
 
 - token ids with the ``tokenizers`` library's, exactly;
 - logits at every position, and the last token's attention in every head, with ``tfcore.GPT`` in
-  float64 holding the same 16-bit weights, within ``LOGIT_TOL`` and ``ATTENTION_TOL``: ten times
-  what torch's own float32 forward pass differs from float64 at most (checked below), and below
-  what every planted bug moves;
+  float64 holding the same 16-bit weights, within ``LOGIT_TOL`` and ``ATTENTION_TOL``: at least ten
+  times what torch's own float32 forward pass differs from float64 (checked below), and below what
+  every planted bug moves (the smallest, GPT-2's GELU with 0.04 for 0.044715, moves the logits by
+  at most 0.016; a bug that moves them by less than 1e-4 would pass);
 - greedy tokens with ``tfcore.generate``'s; the filtered distribution with
   ``tfcore.next_token_probs``'s, and sampled tokens with ``tfcore.browser.sample``'s (the same
   mulberry32 uniforms on both sides).
 
-Each comparison fails on a planted bug (``PLANTED``: the page's own script with one line changed).
+Each comparison fails on a planted bug (``PLANTED``: the page's own script with one line changed),
+the widget's bars too.
 Then the page itself, driven as a reader would drive it, and what it says it weighs.
 """
 
@@ -39,7 +41,8 @@ PAGE = "book/gpt_in_your_browser"
 OUTSIDE = re.compile(r"^(?!file://)")  # every URL but the book's own files
 LOGIT_TOL = 1e-4
 ATTENTION_TOL = 1e-5
-PROB_TOL = 1e-6  # the filtered distributions, computed from logits that agree within LOGIT_TOL / 100
+PROB_TOL = 1e-6  # the filtered distributions: about 1e-7 apart at most when measured, from last-position
+                 # logits about 1e-6 apart
 GREEDY_TOKENS = 20
 PROMPTS = [  # the model's test prompts; the fourth is longer than the 64 positions (the window)
     "The attention weights of each head",
@@ -54,14 +57,27 @@ SETTINGS = [  # (temperature, top-k, top-p)
 TEXTS = [  # the tokenizer's test strings, beside the whole test chapter
     "it's 12,345 tokens; they'll see: (a) x+y=3.", "  two spaces,\ttab\n\nand lines \n",
     "héllo 😀 世界 ü", "a\x85b a\ufeffb x\u2028y\u3000z \u00a0nbsp", "日本語のテキスト", "\x00\x01 bytes \x7f",
+    "x  \x85y", "  \x85\n", "x  \ufeffy",
     "Ġ already written", "the the the theory therefore", " ", ""]
 
 # One line of the page's script changed: (what to find, once; what to put instead)
+# One line of the page's script changed, and the comparisons that must then fail:
+# {bug: (what to find, once; what to put instead; the checks that find it)}
 PLANTED = {
-    "epsilon": ("this.eps = config.layer_norm_eps;", "this.eps = 1e-3;"),
-    "positions": ("const position = t;", "const position = t + 1;"),
-    "causal mask": ("const keys = i + 1;", "const keys = L;"),
-    "merge order": ("if (rank !== undefined && rank < bestRank)", "if (rank !== undefined && best < 0)"),
+    "merge order": ("if (rank !== undefined && rank < bestRank)", "if (rank !== undefined && best < 0)",
+                    {"tokens"}),
+    "JavaScript's white space": (r'const WS = "\\t\\n\\v\\f\\r \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";', r'const WS = "\\s";', {"tokens"}),  # JS's own \s
+    "epsilon": ("this.eps = config.layer_norm_eps;", "this.eps = 1e-3;", {"logits"}),
+    "positions": ("const position = t;", "const position = t + 1;", {"logits", "greedy"}),
+    "causal mask": ("const keys = i + 1;", "const keys = L;", {"logits", "greedy"}),
+    "GELU": ("0.044715 * v * v * v", "0.04 * v * v * v", {"logits"}),  # the smallest: 160 x LOGIT_TOL
+    "attention row": ("if (i === L - 1) last.push", "if (i === Math.max(L - 2, 0)) last.push", {"attention"}),
+    "top-p": ("if (cumulative - probs[i] >= topP)", "if (cumulative >= topP)", {"sampler"}),
+    "temperature": ("Float64Array.from(logits, (l) => l / temperature)",
+                    "Float64Array.from(logits, (l) => l * temperature)", {"sampler"}),
+    "generator": ("a = (a + 0x6d2b79f5) | 0;", "a = (a + 0x6d2b79f4) | 0;", {"sampler"}),
+    "bars": ("sort((a, b) => model1[b] - model1[a] || a - b).slice(0, 12)",
+             "sort((a, b) => model1[a] - model1[b] || a - b).slice(0, 12)", {"bars"}),
 }
 
 
@@ -80,17 +96,21 @@ def reference():
 
 @pytest.fixture(scope="module")
 def script_page(html, browser, tmp_path_factory):
-    """``load(source)``: a blank page with the page's data and its script (or a changed copy of it)."""
+    """``load(source, widget)``: a blank page with the page's data and its script (or a changed copy
+    of it), and with ``widget`` the widget's div."""
     folder = html / "_tfcore" / "book_gpt"
     blank = tmp_path_factory.mktemp("harness") / "blank.html"
     blank.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body></body></html>")
     opened = []
 
-    def load(source: str | None = None):
+    def load(source: str | None = None, widget: bool = False):
         page = browser.new_page()
         opened.append(page)
         page.route(OUTSIDE, lambda route: route.abort())
         page.goto(blank.as_uri())
+        if widget:  # a div the script fills with the widget, as on the page
+            page.evaluate("() => { const div = document.createElement('div'); div.className = 'book-gpt'; "
+                          "document.body.append(div); }")
         page.add_script_tag(path=str(folder / page_gpt.DATA_SCRIPT))
         page.add_script_tag(content=source if source is not None else (folder / "book_gpt.js").read_text())
         return page
@@ -102,17 +122,17 @@ def script_page(html, browser, tmp_path_factory):
 
 def planted(name: str) -> str:
     source = (ROOT / "book" / "_ext" / "book_gpt" / "book_gpt.js").read_text()
-    find, put = PLANTED[name]
+    find, put, _ = PLANTED[name]
     assert source.count(find) == 1, f"the planted bug {name!r} no longer finds its line: {find!r}"
     return source.replace(find, put)
 
 
 def largest_difference(page_values, reference_values: torch.Tensor) -> float:
     """max |page - reference|; NaN or infinity in the page's values counts as infinitely far."""
-    values = torch.tensor(page_values, dtype=torch.float64).view(reference_values.shape)
-    if not torch.isfinite(values).all():
+    values = torch.tensor(page_values, dtype=torch.float64).flatten()
+    if values.numel() != reference_values.numel() or not torch.isfinite(values).all():
         return float("inf")
-    return (values - reference_values.double()).abs().max().item()
+    return (values - reference_values.double().flatten()).abs().max().item()
 
 
 # ---------------------------------------------------------------- the comparisons
@@ -150,10 +170,11 @@ def model_problems(page, reference) -> list[str]:
 def greedy_problems(page, reference) -> list[str]:
     problems = []
     for ids in reference["ids"]:
-        if len(ids) + GREEDY_TOKENS > 64:
-            continue  # tfcore.generate refuses more positions than the model has
         tokens = page.evaluate("a => BookGPT.greedy(a[0], a[1])", [ids, GREEDY_TOKENS])
-        expected = generate(reference["float32"], torch.tensor([ids]), GREEDY_TOKENS)[0].tolist()
+        if len(ids) + GREEDY_TOKENS <= 64:
+            expected = generate(reference["float32"], torch.tensor([ids]), GREEDY_TOKENS)[0].tolist()
+        else:  # tfcore.generate refuses more positions than the model has; this slides the window
+            expected = page_gpt.sample(reference["float32"], ids, GREEDY_TOKENS, temperature=0.0)
         if tokens != expected:
             problems.append(f"{len(ids)} tokens: greedy tokens {tokens[len(ids):]} != tfcore.generate's "
                             f"{expected[len(ids):]}")
@@ -200,53 +221,89 @@ def test_the_16_bit_weights_move_the_logits_by_less_than_a_hundredth(reference):
         shipped_logits, _ = page_gpt.forward_with_attention(shipped, window)
         rounded_logits, _ = page_gpt.forward_with_attention(reference["float32"], window)
         assert 0 < (shipped_logits - rounded_logits).abs().max() < 0.01
-        if len(ids) + GREEDY_TOKENS <= 64:
-            prompt = torch.tensor([ids])
-            assert torch.equal(generate(shipped, prompt, GREEDY_TOKENS), generate(reference["float32"], prompt, GREEDY_TOKENS))
+        assert page_gpt.sample(shipped, ids, GREEDY_TOKENS, temperature=0.0) == \
+            page_gpt.sample(reference["float32"], ids, GREEDY_TOKENS, temperature=0.0)
 
 
-@needs_chromium
-def test_the_sampler_equals_tfcores(script_page, reference):
-    page = script_page()
-    assert page.evaluate("() => { const r = BookGPT.mulberry32(12345); return Array.from({length: 1000}, r); }") == \
-        [u for generator in [page_gpt.Mulberry32(12345)] for u in (generator.uniform() for _ in range(1000))]
-    kept_sizes = set()
+def sampler_problems(page, reference) -> list[str]:
+    """The generator's uniforms, the filtered distribution under each of SETTINGS, and the sampled
+    tokens, against tfcore."""
+    problems = []
+    uniforms = page.evaluate("() => { const r = BookGPT.mulberry32(12345); return Array.from({length: 1000}, r); }")
+    generator = page_gpt.Mulberry32(12345)
+    if uniforms != [generator.uniform() for _ in range(1000)]:
+        problems.append("mulberry32's uniforms differ from tfcore.browser.Mulberry32's")
     for ids in reference["ids"]:
         window = page_gpt.context_window(ids, 64)
         page_logits = page.evaluate("ids => { const l = BookGPT.forward(ids).logits; return l.slice(l.length - 1000); }",
                                     window)
         logits = page_gpt.forward_with_attention(reference["float64"], window)[0][-1]
         for temperature, top_k, top_p in SETTINGS:
-            probs = page.evaluate("a => Array.from(BookGPT.nextTokenProbs(a[0], a[1], a[2], a[3]))",
-                                  [page_logits, temperature, top_k, top_p])
+            probs = torch.tensor(page.evaluate("a => Array.from(BookGPT.nextTokenProbs(a[0], a[1], a[2], a[3]))",
+                                               [page_logits, temperature, top_k, top_p]), dtype=torch.float64)
             expected = next_token_probs(logits, temperature, top_k, top_p)
-            probs = torch.tensor(probs, dtype=torch.float64)
-            setting = (len(window), temperature, top_k, top_p)
-            assert torch.equal(probs > 0, expected > 0), setting  # the same tokens kept
-            assert (probs - expected).abs().max() < PROB_TOL, setting
-            kept_sizes.add(int((expected > 0).sum()))
-    assert {1, 1000} < kept_sizes and len(kept_sizes) > 5  # the settings cut in several ways
+            if not torch.equal(probs > 0, expected > 0) or not (probs - expected).abs().max() < PROB_TOL:
+                problems.append(f"{len(window)} tokens, {(temperature, top_k, top_p)}: the filtered distribution differs")
     for seed, (temperature, top_k, top_p) in enumerate(SETTINGS):
         ids = reference["ids"][seed % len(reference["ids"])]
         tokens = page.evaluate("a => BookGPT.sample(BookGPT.model, ...a)", [ids, 20, temperature, top_k, top_p, seed])
-        assert tokens == page_gpt.sample(reference["float64"], ids, 20, temperature, top_k, top_p, seed)
+        if tokens != page_gpt.sample(reference["float64"], ids, 20, temperature, top_k, top_p, seed):
+            problems.append(f"seed {seed}, {(temperature, top_k, top_p)}: the sampled tokens differ")
+    return problems
+
+
+@needs_chromium
+def test_the_sampler_equals_tfcores(script_page, reference):
+    kept = {int((next_token_probs(page_gpt.forward_with_attention(reference["float64"], page_gpt.context_window(
+        ids, 64))[0][-1], *setting) > 0).sum()) for ids in reference["ids"] for setting in SETTINGS}
+    assert {1, 1000} < kept and len(kept) > 5  # the settings cut in several ways
+    assert sampler_problems(script_page(), reference) == []
+
+
+def bars_problems(page, reference) -> list[str]:
+    """The widget's twelve bars, for two prompts, against tfcore's twelve most probable tokens."""
+    problems = []
+    for prompt in reference["prompts"][:2]:
+        page.fill(".book-gpt .bg-prompt", prompt)
+        ids = reference["tokenizer"].encode(prompt).ids
+        probs = next_token_probs(page_gpt.forward_with_attention(reference["float64"], ids)[0][-1])
+        expected = [label(reference["tokenizer"], i) for i in probs.argsort(descending=True)[:12].tolist()]
+        bars = page.eval_on_selector_all(".book-gpt .bg-bar-label", "els => els.map(e => e.textContent)")
+        if bars != expected:
+            problems.append(f"{prompt!r}: the bars show {bars[:3]}..., tfcore's top tokens are {expected[:3]}...")
+    return problems
 
 
 # ---------------------------------------------------------------- the comparisons can fail
 
-@needs_chromium
-@pytest.mark.parametrize("bug", ["epsilon", "positions", "causal mask"])
-def test_a_planted_bug_in_the_model_is_found(script_page, reference, bug):
-    page = script_page(planted(bug))
-    assert token_problems(page, reference) == []  # the model's bug, not the tokenizer's
-    problems = model_problems(page, reference)
-    assert problems, f"the planted bug {bug!r} passed the comparison"
-    assert greedy_problems(page, reference) != [] or bug == "epsilon"
+CHECKS = {"tokens": token_problems, "logits": model_problems, "attention": model_problems,
+          "greedy": greedy_problems, "sampler": sampler_problems}
 
 
 @needs_chromium
-def test_a_merge_applied_out_of_order_is_found(script_page, reference):
-    assert token_problems(script_page(planted("merge order")), reference) != []
+@pytest.mark.parametrize("bug", list(PLANTED))
+def test_a_planted_bug_is_found(script_page, reference, bug):
+    """Each planted bug fails the comparisons named for it; a bug of the model leaves the tokenizer's
+    comparison passing, so each check finds what it is for."""
+    _, _, found_by = PLANTED[bug]
+    page = script_page(planted(bug), widget=bug == "bars")
+    if bug == "bars":
+        assert bars_problems(page, reference) != []
+        return
+    for check in sorted(found_by):
+        problems = CHECKS[check](page, reference)
+        if check in ("logits", "attention"):  # model_problems reports both: keep this check's own
+            problems = [problem for problem in problems if check in problem]
+        assert problems, f"the planted bug {bug!r} passed the {check} comparison"
+    if "tokens" not in found_by:
+        assert token_problems(page, reference) == []
+    if bug == "attention row":  # the logits are untouched: only the attention comparison finds it
+        assert all("attention" in problem for problem in model_problems(page, reference))
+    if bug == "GELU":  # the smallest planted bug, as the page says: at most 0.016 on the logits
+        moved = [float(re.search(r"logits (\S+) from", problem).group(1)) for problem in model_problems(page, reference)
+                 if "logits" in problem]
+        assert round(max(moved), 3) == 0.016 and "moves the logits by at most 0.016 on the test prompts" in " ".join(
+            (ROOT / (PAGE + ".md")).read_text().split())
 
 
 # ---------------------------------------------------------------- tfcore.browser's own checks
@@ -283,7 +340,9 @@ def test_the_tables_the_page_gets_are_chapter_24s_tokenizer(reference):
 def test_the_16_bit_file_holds_the_rounded_weights():
     from safetensors.torch import load
 
-    stored = load(page_gpt.weights_file())
+    data = page_gpt.weights_file()
+    stored = load(data)
+    assert len(data) == 340_048 and 2 * sum(value.numel() for value in stored.values()) == 336_384  # the docstring's
     model = page_gpt.rounded_book_gpt()
     assert set(stored) == set(model.state_dict()) - {"lm_head.weight"}  # the tied head stored once
     for name, value in stored.items():
@@ -351,6 +410,16 @@ def test_the_page_as_a_reader_uses_it(html, browser, reference):
     top = probs.argsort(descending=True)[:12].tolist()
     bars = reader.page.eval_on_selector_all(".book-gpt .bg-bar-label", "els => els.map(e => e.textContent)")
     assert bars == [label(tokenizer, i) for i in top]
+
+    # each token's probability given the tokens before it, and the loss on them
+    logits = page_gpt.forward_with_attention(model, ids)[0]
+    given = torch.log_softmax(logits[:-1], dim=-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    titles = reader.page.eval_on_selector_all(".book-gpt .bg-token", "els => els.map(e => e.title)")
+    shown = [float(re.search(r"gave it ([\d.e-]+)%", title).group(1)) for title in titles[1:]]
+    assert "gave it" not in titles[0] and len(shown) == len(ids) - 1
+    assert all(abs(p - 100 * q) <= 0.06 * 100 * q for p, q in zip(shown, given.exp().tolist()))
+    loss = float(re.search(r"Its loss on the (\d+) it predicts: ([\d.]+) nats", reader.text(".bg-status")).group(2))
+    assert abs(loss - (-given.mean().item())) < 0.006
 
     # the attention table: 2 layers x 4 heads, one cell per token, each row summing to 1
     rows = reader.page.eval_on_selector_all(".book-gpt table.bg-heads tr", """rows => rows.slice(1).map(r =>
@@ -486,7 +555,7 @@ def test_the_numbers_the_page_states(reference):
     assert stated_number_problems((ROOT / (PAGE + ".md")).read_text(), reference) == []
 
 
-@pytest.mark.parametrize("right, wrong", [("7,728 tokens", "7,729 tokens"), ("about 430 lines", "about 300 lines")])
+@pytest.mark.parametrize("right, wrong", [("7,728 tokens", "7,729 tokens"), ("about 440 lines", "about 300 lines")])
 def test_a_wrong_number_on_the_page_is_found(reference, right, wrong):
     text = (ROOT / (PAGE + ".md")).read_text()
     assert right in text
@@ -582,4 +651,5 @@ def test_the_comparison_quotes_the_committed_run():
     wasm = next(f["raw"] for name, f in wasm.items() if name.endswith(".wasm"))
     assert round(wasm / 1e6) == 14 and 25 < wasm / plain["page_weight_bytes"]["raw"] < 35
     assert "WebAssembly file alone weighs 14 MB, some thirty times" in text
-    assert plain["median_over_rounds"]["forward64_median_ms"] < 1000 / 60 and "fits in the 17 ms" in text
+    forward = plain["median_over_rounds"]["forward64_median_ms"]
+    assert forward < 1000 / 60 and f"took {forward:.2g} ms on that machine, under the 17 ms" in text

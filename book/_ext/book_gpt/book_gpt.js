@@ -12,7 +12,8 @@
         also writes;
      5. draws the widget.
    window.BookGPT exposes 1-4 for the browser test (tests/test_gpt_page.py), which compares them
-   with tfcore. Activations are Float32Arrays; each sum runs in JavaScript's 64-bit numbers. */
+   with tfcore. Activations are Float32Arrays (a row of attention scores a Float64Array); each sum runs
+   in JavaScript's 64-bit numbers. */
 (function () {
   "use strict";
 
@@ -168,6 +169,8 @@
       const { hidden_size: H, num_attention_heads: heads, vocab_size: V, intermediate_size: F } = this.config;
       const L = ids.length, d = H / heads, w = this.w;
       if (L < 1 || L > this.config.max_position_embeddings) throw new Error(`the model takes 1 to ${this.config.max_position_embeddings} tokens, got ${L}`);
+      const bad = ids.findIndex((id) => !Number.isInteger(id) || id < 0 || id >= V);
+      if (bad >= 0) throw new Error(`token ids are whole numbers from 0 to ${V - 1}; ids[${bad}] is ${ids[bad]}`);
       let x = new Float32Array(L * H);
       for (let t = 0; t < L; t++) {
         const position = t;  // the t-th token of the window takes position t
@@ -333,7 +336,8 @@
         element("div", { class: "bg-buttons" }, [sampleOne, sampleTen, clear])]),
       element("div", { class: "bg-heading", text: "tokens" }), tokens, status,
       element("div", { class: "bg-heading", text: "the next token: the model's top 12, and what the sliders leave" }), chart,
-      element("div", { class: "bg-heading", text: "the last token's attention, each head of each layer" }), heads);
+      element("div", { class: "bg-heading", text: "the last token's attention, each head of each layer " +
+                                                 "(a cell's darkness is its weight: white 0, full blue 1)" }), heads);
 
     let promptIds = [], sampled = [], random = null;
     const settings = () => ({
@@ -344,21 +348,27 @@
 
     function draw() {
       const ids = promptIds.concat(sampled), seen = ids.slice(-P), dropped = ids.length - seen.length;
-      tokens.replaceChildren(...ids.map((id, i) => element("span", {
-        class: "bg-token" + (i < dropped ? " bg-dropped" : "") + (i >= promptIds.length ? " bg-sampled" : ""),
-        title: `id ${id}` + (i < dropped ? " (outside the window: the model does not see it)" : ""),
-        text: tokenizer.label(id) })));
       chart.replaceChildren();
       heads.replaceChildren();
       if (ids.length === 0) {
+        tokens.replaceChildren();
         status.textContent = "An empty prompt: there is no token to predict from. Type something.";
         return;
       }
       const started = performance.now();
       const { logits, attention } = model.forward(seen);
       const elapsed = performance.now() - started;
+      // each token of the window after the first: the probability the model gave it from the tokens before it
+      const given = seen.map((id, j) => (j === 0 ? null : nextTokenProbs(logits.subarray((j - 1) * V, j * V), 1, null, null)[id]));
+      const loss = given.slice(1).reduce((sum, q) => sum - Math.log(q), 0) / Math.max(seen.length - 1, 1);
+      tokens.replaceChildren(...ids.map((id, i) => element("span", {
+        class: "bg-token" + (i < dropped ? " bg-dropped" : "") + (i >= promptIds.length ? " bg-sampled" : ""),
+        title: `id ${id}` + (i < dropped ? " (outside the window: the model does not see it)" :
+          given[i - dropped] === null ? "" : `; the model gave it ${(100 * given[i - dropped]).toPrecision(2)}%`),
+        text: tokenizer.label(id) })));
       status.textContent = `${ids.length} tokens` + (dropped ? `; the model sees the last ${P}, ` +
         `the ${dropped} before them (greyed) are dropped` : "") +
+        (seen.length > 1 ? `. Its loss on the ${seen.length - 1} it predicts: ${loss.toFixed(2)} nats per token` : "") +
         `. This forward pass over ${seen.length} tokens took ${elapsed.toFixed(1)} ms in your browser.`;
       const last = logits.subarray(logits.length - V), { t, k, p } = settings();
       const model1 = nextTokenProbs(last, 1, null, null), left = nextTokenProbs(last, t, k, p);
@@ -390,7 +400,7 @@
     function drawSamples(n) {
       const ids = promptIds.concat(sampled);
       if (ids.length === 0) return draw();
-      if (random === null) random = mulberry32(Number(seed.value) >>> 0);
+      if (random === null) random = mulberry32(seedValue());
       const { t, k, p } = settings();
       for (let i = 0; i < n; i++) {
         const probs = nextTokenProbs(lastLogits(model, promptIds.concat(sampled)), t, k, p);
@@ -399,7 +409,13 @@
       draw();
     }
 
-    const restart = () => { sampled = []; random = null; };
+    function seedValue() {  // a whole number from 0 to 2**32 - 1; anything else is said, and 0 is used
+      const value = Number(seed.value), valid = seed.value !== "" && Number.isInteger(value) && value >= 0 && value < 2 ** 32;
+      seed.classList.toggle("bg-invalid", !valid);
+      seed.title = valid ? "" : "the seed is a whole number from 0 to 4294967295: 0 is used";
+      return valid ? value : 0;
+    }
+    const restart = () => { sampled = []; random = null; seedValue(); };
     prompt.addEventListener("input", () => { promptIds = tokenizer.encode(prompt.value); restart(); draw(); });
     for (const control of [temperature.input, topK.input, topP.input]) control.addEventListener("input", draw);
     seed.addEventListener("input", () => { restart(); draw(); });
