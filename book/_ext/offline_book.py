@@ -7,6 +7,10 @@
   about 180 KB), because on Colab each output is shown alone. In the book, a page with views
   loads them once, from one file of the site (``_tfcore/viz.js``, written by ``tfcore.viz``), so
   the browser fetches them once for the whole book.
+- The page "The GPT in your browser" runs chapter 14's GPT in plain JavaScript (``book_gpt/``).
+  Its data, the weights in 16-bit floats and the tokenizer, are written here from tfcore's
+  shipped files (``tfcore.browser.page_data_script``) into ``_tfcore/book_gpt/``, beside the
+  script and its stylesheet: never committed a second time.
 """
 
 import re

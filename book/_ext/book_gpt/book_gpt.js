@@ -194,16 +194,23 @@
             let max = -Infinity;
             for (let j = 0; j < keys; j++) {
               let s = 0;
-              for (let e = 0; e < d; e++) s += q[i * H + offset + e] * k[j * H + offset + e];
+              for (let e = 0; e < d; e++) {
+                s += q[i * H + offset + e] * k[j * H + offset + e];
+              }
               scores[j] = s / Math.sqrt(d);
               if (scores[j] > max) max = scores[j];
             }
             let total = 0;
-            for (let j = 0; j < keys; j++) { scores[j] = Math.exp(scores[j] - max); total += scores[j]; }
+            for (let j = 0; j < keys; j++) {
+              scores[j] = Math.exp(scores[j] - max);
+              total += scores[j];
+            }
             for (let j = 0; j < keys; j++) scores[j] /= total;
             for (let e = 0; e < d; e++) {
               let s = 0;
-              for (let j = 0; j < keys; j++) s += scores[j] * v[j * H + offset + e];
+              for (let j = 0; j < keys; j++) {
+                s += scores[j] * v[j * H + offset + e];
+              }
               context[i * H + offset + e] = s;
             }
             if (i === L - 1) last.push(Float32Array.from(scores.subarray(0, L)));
@@ -337,7 +344,7 @@
       element("div", { class: "bg-heading", text: "tokens" }), tokens, status,
       element("div", { class: "bg-heading", text: "the next token: the model's top 12, and what the sliders leave" }), chart,
       element("div", { class: "bg-heading", text: "the last token's attention, each head of each layer " +
-                                                 "(a cell's darkness is its weight: white 0, full blue 1)" }), heads);
+                                                 "(a cell's darkness: its weight over the row's largest)" }), heads);
 
     let promptIds = [], sampled = [], random = null;
     const settings = () => ({
@@ -390,9 +397,10 @@
       const table = element("table", { class: "bg-heads" });
       table.append(element("tr", {}, [element("th"), ...seen.map((id) => element("th", { text: tokenizer.label(id) }))]));
       attention.forEach((layer, l) => layer.forEach((weights, h) => {
+        const largest = Math.max(...weights);  // each row shaded against its own largest weight
         table.append(element("tr", {}, [element("th", { text: `layer ${l + 1}, head ${h + 1}` }),
           ...Array.from(weights, (a) => element("td", {
-            style: `background: rgba(38, 99, 170, ${a.toFixed(3)})`, title: a.toFixed(3) }))]));
+            style: `background: rgba(38, 99, 170, ${(a / largest).toFixed(3)})`, title: a.toFixed(3) }))]));
       }));
       heads.append(table);
     }
