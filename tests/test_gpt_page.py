@@ -203,6 +203,26 @@ def test_the_tolerances_sit_above_float32_rounding(reference):
         assert (attention32.double() - attention64).abs().max() < ATTENTION_TOL / 10
 
 
+def test_the_reference_is_tfcore_gpt_forward(reference):
+    """The page is compared with ``forward_with_attention``: its logits are ``GPT.forward``'s, and each
+    attention row it keeps is a distribution. A planted bug: the last block skipped."""
+    model = reference["float64"]
+    for ids in reference["ids"]:
+        window = page_gpt.context_window(ids, 64)
+        logits, attention = page_gpt.forward_with_attention(model, window)
+        with torch.no_grad():
+            expected = model(torch.tensor([window]))[0]
+        assert (logits - expected).abs().max() < 1e-10
+        assert attention.shape == (2, 4, len(window)) and (attention.sum(-1) - 1).abs().max() < 1e-12
+    blocks = model.blocks
+    model.blocks = blocks[:-1]
+    try:
+        planted_logits, _ = page_gpt.forward_with_attention(model, window)
+    finally:
+        model.blocks = blocks
+    assert (planted_logits - expected).abs().max() > 1e-3
+
+
 @needs_chromium
 def test_greedy_tokens_equal_tfcore_generate(script_page, reference):
     assert sum(len(ids) + GREEDY_TOKENS <= 64 for ids in reference["ids"]) >= 3
@@ -448,6 +468,11 @@ def test_the_page_as_a_reader_uses_it(html, browser, reference):
     reader.click("sample the next token")
     sampled = [t["id"] for t in reader.tokens() if t["sampled"]]
     assert sampled == page_gpt.sample(model, ids, 11, 1.0, 5, None, seed=7)[len(ids):]
+    every = ids + sampled  # the loss now covers the sampled tokens too ("sampled ones included")
+    logits = page_gpt.forward_with_attention(model, every)[0]
+    given = torch.log_softmax(logits[:-1], dim=-1).gather(1, torch.tensor(every[1:])[:, None])[:, 0]
+    status = re.search(r"Its loss on the (\d+) it predicts: ([\d.]+) nats", reader.text(".bg-status"))
+    assert int(status.group(1)) == len(every) - 1 and abs(float(status.group(2)) + given.mean().item()) < 0.006
     reader.click("clear the samples")
     assert not any(t["sampled"] for t in reader.tokens())
 
@@ -488,6 +513,12 @@ def test_the_page_as_a_reader_uses_it(html, browser, reference):
     reader.type("😀")
     assert [t["text"] for t in reader.tokens()] == ["<F0>", "<9F>", "<98>", "<80>"]
     assert len(reader.page.query_selector_all(".book-gpt .bg-bar-row")) == 12
+
+    # white space as the page marks it: a space a token carries as ␣, a line break ↵, a tab ⇥
+    text = "a line\n\tand a tab"
+    reader.type(text)
+    assert [t["text"] for t in reader.tokens()] == [label(tokenizer, i) for i in tokenizer.encode(text).ids]
+    assert {"␣l", "↵", "⇥"} <= {t["text"] for t in reader.tokens()}
 
     assert reader.errors == [] and reader.outside == []
     reader.page.close()
@@ -632,6 +663,7 @@ def test_what_the_page_says_about_this_model(reference):
     share = before / blocks
     assert set((100 * share).round().int().flatten().tolist()) <= {4, 5}, share
     even = sum(1 / (i + 1) for i in range(8, 64)) / 56
+    assert (share > even).all(), share  # "little more than" an even spread: above it, every head
     assert f"{100 * even:.1f}%" == "3.6%" and "4 to 5% of its weight on average" in text
 
 
