@@ -112,18 +112,22 @@ def context_window(ids: list[int], max_positions: int) -> list[int]:
 
 
 @torch.no_grad()
-def forward_with_attention(model: GPT, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ids`` (at most ``model.max_positions``) -> ``(logits [L, V], attention [layers, heads, L])``:
-    the logits at every position, and each head's attention weights for the last token over the
-    ``L`` tokens, in every layer. The same steps as ``GPT.forward``, keeping the weights."""
+def forward_with_attention(model: GPT, ids: list[int], query: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ids`` (at most ``model.max_positions``) -> ``(logits [L, V], attention [layers, heads, q + 1])``:
+    the logits at every position, and each head's attention weights for the token at ``query`` (the
+    last by default; its position ``q`` from 0) over itself and the tokens before it, in every layer.
+    The same steps as ``GPT.forward``, keeping the weights."""
+    if not -len(ids) <= query < len(ids):
+        raise ValueError(f"query {query} is not a position of the {len(ids)} tokens")
+    q = query % len(ids)
     input_ids = torch.tensor([ids])
     positions, mask = positions_and_mask(input_ids, None, model.config.vocab_size, model.max_positions)
     x = model.token_embeddings(input_ids) + model.position_embeddings(positions)
-    last = []
+    rows = []
     for block in model.blocks:
         x, weights = block(x, mask, output_attentions=True)  # weights [1, heads, L, L]
-        last.append(weights[0, :, -1])
-    return model.lm_head(model.final_layer_norm(x))[0], torch.stack(last)
+        rows.append(weights[0, :, q, :q + 1])  # the later keys are masked: weight 0
+    return model.lm_head(model.final_layer_norm(x))[0], torch.stack(rows)
 
 
 class Mulberry32:

@@ -85,6 +85,40 @@ def run_page(browser, base: str, script: str, arg, log: list) -> dict:
     return {"page": result, "requests": sorted(set(log)), "blocked": blocked}
 
 
+PROBE = """<!DOCTYPE html><html><head><meta charset="utf-8"><script src="ort/ort.wasm.min.js"></script></head>
+<body></body></html>"""
+START_ORT = """async (b64) => {  // onnxruntime-web as page.html starts it, on the fp32 model's bytes
+  Object.assign(ort.env.wasm, {numThreads: 1, proxy: false, wasmPaths: new URL("ort/", location.href).href});
+  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  try { await ort.InferenceSession.create(bytes, {executionProviders: ["wasm"]}); return "started"; }
+  catch (e) { return "failed: " + e.message; }
+}"""
+
+
+def file_probe(browser, table: dict, base: str, folder: Path) -> dict:
+    """Does onnxruntime-web start in a page opened from disk (file://)? The same page and model served
+    over http is the control. ``folder`` gets the probe page and a copy of ORT's files."""
+    import base64
+    import shutil
+
+    (folder / "ort").mkdir(parents=True, exist_ok=True)
+    for url in ORT:
+        shutil.copy(table[url], folder / url)
+    (folder / "probe.html").write_text(PROBE)
+    table["probe.html"] = folder / "probe.html"
+    model = base64.b64encode(table["models/book_gpt.fp32.onnx"].read_bytes()).decode()
+    outcome = {}
+    for name, url in (("file", (folder / "probe.html").as_uri()), ("http", f"{base}/probe.html")):
+        context = browser.new_context()
+        context.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", base)) else r.abort())
+        page = context.new_page()
+        page.goto(url)
+        outcome[name] = page.evaluate(START_ORT, model)
+        context.close()
+    del table["probe.html"]
+    return outcome
+
+
 def summary(runs: list, table: dict, files: list) -> dict:
     """One option's rounds: the values per round and their median, the check, the files' sizes."""
     def gzip9(path):  # as `gzip -9` (the command-line tool) compresses it
@@ -150,6 +184,8 @@ def main():
             probe = run_page(browser, base, "u => fetch(u).then(() => 'fetched', () => 'failed')",
                              "https://cdn.jsdelivr.net/npm/onnxruntime-web", log)
             checks["other_hosts_blocked"] = probe["page"] == "failed" and len(probe["blocked"]) == 1
+            results["ort_from_disk"] = file_probe(browser, table, base, Path(args.work) / "probe")
+            checks["ort_starts_over_http"] = results["ort_from_disk"]["http"] == "started"
             browser.close()
     finally:
         server.shutdown()

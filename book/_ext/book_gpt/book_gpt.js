@@ -164,13 +164,17 @@
       }
     }
 
-    // ids [L] (1 <= L <= max positions) -> { logits [L * V], attention[layer][head] [L]: the last token's }
-    forward(ids) {
+    // ids [L] (1 <= L <= max positions), query (0 .. L - 1, the last by default) ->
+    // { logits [L * V], attention[layer][head] [query + 1]: that token's weights over itself and the tokens before it }
+    forward(ids, query = ids.length - 1) {
       const { hidden_size: H, num_attention_heads: heads, vocab_size: V, intermediate_size: F } = this.config;
       const L = ids.length, d = H / heads, w = this.w;
       if (L < 1 || L > this.config.max_position_embeddings) throw new Error(`the model takes 1 to ${this.config.max_position_embeddings} tokens, got ${L}`);
       const bad = ids.findIndex((id) => !Number.isInteger(id) || id < 0 || id >= V);
       if (bad >= 0) throw new Error(`token ids are whole numbers from 0 to ${V - 1}; ids[${bad}] is ${ids[bad]}`);
+      if (!Number.isInteger(query) || query < 0 || query >= L) {
+        throw new Error(`the query is a position from 0 to ${L - 1}, got ${query}`);
+      }
       let x = new Float32Array(L * H);
       for (let t = 0; t < L; t++) {
         const position = t;  // the t-th token of the window takes position t
@@ -185,7 +189,7 @@
         const q = linear(h, L, w[p + "attention.query.weight"], w[p + "attention.query.bias"], H, H);
         const k = linear(h, L, w[p + "attention.key.weight"], w[p + "attention.key.bias"], H, H);
         const v = linear(h, L, w[p + "attention.value.weight"], w[p + "attention.value.bias"], H, H);
-        const context = new Float32Array(L * H), last = [];
+        const context = new Float32Array(L * H), rows = [];
         const scores = new Float64Array(L);
         for (let head = 0; head < heads; head++) {
           const offset = head * d;
@@ -213,10 +217,10 @@
               }
               context[i * H + offset + e] = s;
             }
-            if (i === L - 1) last.push(Float32Array.from(scores.subarray(0, L)));
+            if (i === query) rows.push(Float32Array.from(scores.subarray(0, keys)));
           }
         }
-        attention.push(last);
+        attention.push(rows);
         const attended = linear(context, L, w[p + "attention.output_linear.weight"], w[p + "attention.output_linear.bias"], H, H);
         for (let i = 0; i < x.length; i++) x[i] += attended[i];
         const h2 = layerNorm(x, L, H, w[p + "layer_norm_2.weight"], w[p + "layer_norm_2.bias"], this.eps);
@@ -336,6 +340,7 @@
     const status = element("p", { class: "bg-status" });
     const chart = element("div", { class: "bg-chart" });
     const heads = element("div", { class: "bg-attention" });
+    const attentionHeading = element("div", { class: "bg-heading bg-query-heading" });
     root.replaceChildren(
       prompt,
       element("div", { class: "bg-controls" }, [temperature.row, topK.row, topP.row,
@@ -343,10 +348,9 @@
         element("div", { class: "bg-buttons" }, [sampleOne, sampleTen, clear])]),
       element("div", { class: "bg-heading", text: "tokens" }), tokens, status,
       element("div", { class: "bg-heading", text: "the next token: the model's top 12, and what the sliders leave" }), chart,
-      element("div", { class: "bg-heading", text: "the last token's attention, each head of each layer " +
-                                                 "(a cell's darkness: its weight over the row's largest)" }), heads);
+      attentionHeading, heads);
 
-    let promptIds = [], sampled = [], random = null;
+    let promptIds = [], sampled = [], random = null, query = null;  // query: a position in the window; null, the last
     const settings = () => ({
       t: Number(temperature.input.value),
       k: Number(topK.input.value) === 0 ? null : Number(topK.input.value),
@@ -362,17 +366,27 @@
         status.textContent = "An empty prompt: there is no token to predict from. Type something.";
         return;
       }
+      const q = query === null || query >= seen.length ? seen.length - 1 : query;
       const started = performance.now();
-      const { logits, attention } = model.forward(seen);
+      const { logits, attention } = model.forward(seen, q);
       const elapsed = performance.now() - started;
       // each token of the window after the first: the probability the model gave it from the tokens before it
       const given = seen.map((id, j) => (j === 0 ? null : nextTokenProbs(logits.subarray((j - 1) * V, j * V), 1, null, null)[id]));
       const loss = given.slice(1).reduce((sum, q) => sum - Math.log(q), 0) / Math.max(seen.length - 1, 1);
-      tokens.replaceChildren(...ids.map((id, i) => element("span", {
-        class: "bg-token" + (i < dropped ? " bg-dropped" : "") + (i >= promptIds.length ? " bg-sampled" : ""),
-        title: `id ${id}` + (i < dropped ? " (outside the window: the model does not see it)" :
-          given[i - dropped] === null ? "" : `; the model gave it ${(100 * given[i - dropped]).toPrecision(2)}%`),
-        text: tokenizer.label(id) })));
+      const about = (i) => `id ${ids[i]}` + (i < dropped ? " (outside the window: the model does not see it)" :
+        given[i - dropped] === null ? "" : `; the model gave it ${(100 * given[i - dropped]).toPrecision(2)}%`);
+      tokens.replaceChildren(...ids.map((id, i) => {
+        const token = element("span", {
+          class: "bg-token" + (i < dropped ? " bg-dropped" : "") + (i >= promptIds.length ? " bg-sampled" : "") +
+                 (i - dropped === q ? " bg-query" : ""),
+          title: about(i), text: tokenizer.label(id), ...(i >= dropped ? { tabindex: 0, role: "button" } : {}) });
+        if (i >= dropped) {  // a click (or Enter) makes it the token whose attention is drawn
+          const choose = () => { query = i - dropped === seen.length - 1 ? null : i - dropped; draw(); };
+          token.addEventListener("click", choose);
+          token.addEventListener("keydown", (e) => { if (e.key === "Enter") choose(); });
+        }
+        return token;
+      }));
       status.textContent = `${ids.length} tokens` + (dropped ? `; the model sees the last ${P}, ` +
         `the ${dropped} before them (greyed) are dropped` : "") +
         (seen.length > 1 ? `. Its loss on the ${seen.length - 1} it predicts: ${loss.toFixed(2)} nats per token` : "") +
@@ -394,13 +408,17 @@
       }
       chart.append(element("p", { class: "bg-note", text: `The sliders leave ${kept} of the ${V} tokens. ` +
         `The longest bar is ${(100 * longest).toFixed(1)}%.` }));
+      attentionHeading.replaceChildren(`the attention of token ${q + 1} of ${seen.length} (${tokenizer.label(seen[q])}; ` +
+        `${about(dropped + q)}), each head of each layer`, element("span", { class: "bg-plain", text: ": a cell's " +
+        "darkness is its weight over the row's largest, and the tokens after it are masked (×). Click a token to choose another." }));
       const table = element("table", { class: "bg-heads" });
       table.append(element("tr", {}, [element("th"), ...seen.map((id) => element("th", { text: tokenizer.label(id) }))]));
       attention.forEach((layer, l) => layer.forEach((weights, h) => {
         const largest = Math.max(...weights);  // each row shaded against its own largest weight
-        table.append(element("tr", {}, [element("th", { text: `layer ${l + 1}, head ${h + 1}` }),
+        table.append(element("tr", {}, [element("th", { text: `layer ${l + 1}, head ${h + 1} (max ${largest.toFixed(2)})` }),
           ...Array.from(weights, (a) => element("td", {
-            style: `background: rgba(38, 99, 170, ${(a / largest).toFixed(3)})`, title: a.toFixed(3) }))]));
+            style: `background: rgba(38, 99, 170, ${(a / largest).toFixed(3)})`, title: a.toFixed(3) })),
+          ...seen.slice(q + 1).map(() => element("td", { class: "bg-masked", title: "masked: a later token", text: "×" }))]));
       }));
       heads.append(table);
     }
@@ -414,6 +432,7 @@
         const probs = nextTokenProbs(lastLogits(model, promptIds.concat(sampled)), t, k, p);
         sampled.push(inverseCdf(probs, random()));
       }
+      query = null;  // the attention follows the newest token
       draw();
     }
 
@@ -423,7 +442,7 @@
       seed.title = valid ? "" : "the seed is a whole number from 0 to 4294967295: 0 is used";
       return valid ? value : 0;
     }
-    const restart = () => { sampled = []; random = null; seedValue(); };
+    const restart = () => { sampled = []; random = null; query = null; seedValue(); };
     prompt.addEventListener("input", () => { promptIds = tokenizer.encode(prompt.value); restart(); draw(); });
     for (const control of [temperature.input, topK.input, topP.input]) control.addEventListener("input", draw);
     seed.addEventListener("input", () => { restart(); draw(); });
@@ -442,7 +461,7 @@
     tokenizer, model, nextTokenProbs, inverseCdf, mulberry32, sample,
     context: (ids) => window_(ids, model),
     encode: (text) => tokenizer.encode(text),
-    forward: (ids) => { const { logits, attention } = model.forward(ids);
+    forward: (ids, query) => { const { logits, attention } = model.forward(ids, query ?? ids.length - 1);
                         return { logits: Array.from(logits), attention: attention.map((l) => l.map((h) => Array.from(h))) }; },
     greedy: (ids, n) => sample(model, ids, n, 0, null, null, 0),
   };
