@@ -231,26 +231,34 @@ def test_the_reference_is_tfcore_gpt_forward(reference):
 
 
 def test_a_sliding_window_changes_every_key(reference):
-    """Why a KV cache would help the page only until the window slides: sliding it by one token gives
-    every token the position before, and so new keys and values from the first layer on."""
+    """Why a KV cache would give the page's numbers only until the window slides: sliding it by one
+    token moves every token's keys and values, in the first layer through the position embeddings
+    (without them, the first layer's would stay), and in the second also through the first layer's
+    attention, which no longer reads the dropped token (they move even without position embeddings)."""
     model, ids = reference["float64"], reference["ids"][3]
-    first = model.blocks[0]
 
-    def keys_and_values(window, positions=True):
-        x = model.token_embeddings(torch.tensor(window))
+    def keys_and_values(window, positions=True):  # [layer] -> (keys, values), each [len(window), 64]
+        x = model.token_embeddings(torch.tensor([window]))
         if positions:
             x = x + model.position_embeddings(torch.arange(len(window)))
-        h = first.layer_norm_1(x)
-        return first.attention.key(h), first.attention.value(h)
+        mask = torch.ones(len(window), len(window), dtype=torch.bool).tril()
+        out = []
+        for block in model.blocks:
+            h = block.layer_norm_1(x)[0]
+            out.append((block.attention.key(h), block.attention.value(h)))
+            x = block(x, mask)
+        return out
+
+    def moved(positions: bool) -> list[float]:  # per layer: the least that any shared token's row moved
+        before, after = keys_and_values(ids[:64], positions), keys_and_values(ids[1:65], positions)  # 63 shared
+        return [min((old[1:] - new[:-1]).abs().amax(-1).min().item() for old, new in zip(b, a))
+                for b, a in zip(before, after)]
 
     with torch.no_grad():
-        before, after = keys_and_values(ids[:64]), keys_and_values(ids[1:65])  # 63 tokens in both windows
-        for old, new in zip(before, after):
-            assert (old[1:] - new[:-1]).abs().amax(-1).min() > 1e-3  # every shared token's row moved
-        # the cause, by intervention: without the position embeddings the shared rows stay as they were
-        before, after = keys_and_values(ids[:64], False), keys_and_values(ids[1:65], False)
-        for old, new in zip(before, after):
-            assert (old[1:] - new[:-1]).abs().max() < 1e-12
+        first, second = moved(positions=True)
+        assert first > 1e-3 and second > 1e-3  # every shared token's keys and values moved, in both layers
+        first, second = moved(positions=False)  # the intervention: no position embeddings
+        assert first < 1e-12 and second > 1e-3
 
 
 @needs_chromium
@@ -584,6 +592,9 @@ def test_the_page_as_a_reader_uses_it(html, browser, reference):
     shown, ids = reader.tokens(), tokenizer.encode(long).ids
     assert [t["dropped"] for t in shown] == [i < len(ids) - 64 for i in range(len(ids))]
     assert f"sees the last 64, the {len(ids) - 64} before them" in reader.text(".bg-status")
+    titles = reader.page.eval_on_selector_all(".book-gpt .bg-token", "els => els.map(e => e.title)")
+    first = len(ids) - 64  # the window's first token: no probability, nothing before it in the window
+    assert "gave it" not in titles[first] and "gave it" in titles[first + 1] and "outside" in titles[first - 1]
 
     # text the book never uses: an emoji is four bytes, each shown as its value
     reader.type("😀")
@@ -595,6 +606,9 @@ def test_the_page_as_a_reader_uses_it(html, browser, reference):
     reader.type(text)
     assert [t["text"] for t in reader.tokens()] == [label(tokenizer, i) for i in tokenizer.encode(text).ids]
     assert {"␣l", "↵", "⇥"} <= {t["text"] for t in reader.tokens()}
+
+    # a click on a token, on the built page: its attention in the cells' hover text, the later tokens masked
+    assert clicked_problems(reader.page, reference) == []
 
     assert reader.errors == [] and reader.outside == []
     reader.page.close()

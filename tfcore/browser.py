@@ -13,7 +13,8 @@ script beside it, where the browser refuses ``fetch``.
 
 The rest is the reference the browser test compares the page with (``tests/test_gpt_page.py``):
 ``rounded_book_gpt`` (the model with the page's 16-bit weights), ``forward_with_attention``
-(logits ``[L, V]`` and each head's attention for the last token ``[layers, heads, L]``),
+(logits ``[L, V]``, and each head's attention for one token, the last by default, over itself and
+the tokens before it: ``[layers, heads, q + 1]`` for the token at position ``q``),
 ``Mulberry32`` (a 32-bit generator written in Python and in the page, so both draw the same
 uniforms) and ``sample`` (tokens drawn from ``next_token_probs`` by inverse CDF with them).
 """
