@@ -15,7 +15,8 @@ compared with tfcore:
   mulberry32 uniforms on both sides).
 
 Each comparison fails on a planted bug (``PLANTED``: the page's own script with one line changed),
-the widget's bars and its table after a click on a token too.
+the widget's own numbers too: its bars, its table after a click on a token, the tokens'
+probabilities, the loss and the sample button.
 Then the page itself, driven as a reader would drive it, and what it says it weighs.
 """
 
@@ -78,8 +79,13 @@ PLANTED = {
     "bars": ("sort((a, b) => model1[b] - model1[a] || a - b).slice(0, 12)",
              "sort((a, b) => model1[a] - model1[b] || a - b).slice(0, 12)", {"bars"}),
     "clicked token": ("model.forward(seen, q);", "model.forward(seen);", {"clicked token"}),
+    "token probability": ("logits.subarray((j - 1) * V, j * V)", "logits.subarray(j * V, (j + 1) * V)",
+                          {"widget numbers"}),  # each token read from its own position, not the one before
+    "widget sampler": ("const probs = nextTokenProbs(lastLogits(model, promptIds.concat(sampled)), t, k, p);",
+                       "const probs = nextTokenProbs(lastLogits(model, promptIds.concat(sampled)), 1, null, null);",
+                       {"widget numbers"}),  # the sample button ignoring the sliders
 }
-WIDGET_CHECKS = {"bars", "clicked token"}  # checks of the widget, on a page that has its div
+WIDGET_CHECKS = {"bars", "clicked token", "widget numbers"}  # checks of the widget, on a page that has its div
 
 
 @pytest.fixture(scope="module")
@@ -269,9 +275,10 @@ def test_greedy_tokens_equal_tfcore_generate(script_page, reference):
 
 @needs_chromium
 def test_the_widget_draws_what_tfcore_computes(script_page, reference):
-    """The twelve bars, and the attention table after a click on a token."""
+    """The twelve bars, the attention table after a click on a token, the tokens' probabilities, the
+    loss and the sample button."""
     page = script_page(widget=True)
-    assert bars_problems(page, reference) == [] and clicked_problems(page, reference) == []
+    assert all(CHECKS[check](page, reference) == [] for check in sorted(WIDGET_CHECKS))
 
 
 def test_the_16_bit_weights_move_the_logits_by_less_than_a_hundredth(reference):
@@ -340,7 +347,7 @@ def bars_problems(page, reference) -> list[str]:
 
 def clicked_problems(page, reference) -> list[str]:
     """The widget's attention table after a click on a token: that token's weights, within the three
-    decimals the cells' titles show, and a masked cell for each later token."""
+    decimals of each cell's hover text (its title), and a masked cell for each later token."""
     problems = []
     for prompt in reference["prompts"][:3:2]:
         page.fill(".book-gpt .bg-prompt", prompt)
@@ -357,11 +364,43 @@ def clicked_problems(page, reference) -> list[str]:
     return problems
 
 
+def widget_numbers_problems(page, reference) -> list[str]:
+    """The widget's own numbers: each token's probability (its hover text) and the loss in the status
+    line, against tfcore; and ten tokens from the sample button under top-k 5 and seed 7, against
+    ``tfcore.browser.sample``."""
+    problems, model, prompt = [], reference["float64"], "The decoder attends to"
+    page.fill(".book-gpt .bg-prompt", prompt)
+    ids = reference["tokenizer"].encode(prompt).ids
+    logits = page_gpt.forward_with_attention(model, ids)[0]
+    given = torch.log_softmax(logits[:-1], dim=-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    titles = page.eval_on_selector_all(".book-gpt .bg-token", "els => els.map(e => e.title)")
+    shown = [re.search(r"gave it ([\d.e-]+)%", title) for title in titles[1:]]
+    if not all(shown) or not all(abs(float(p.group(1)) - 100 * q) <= 0.06 * 100 * q
+                                 for p, q in zip(shown, given.exp().tolist())):
+        problems.append("the tokens' probabilities differ from tfcore's")
+    status = page.eval_on_selector(".book-gpt .bg-status", "e => e.textContent")
+    loss = re.search(r"Its loss on the \d+ it predicts: ([\d.]+) nats", status)
+    if loss is None or not abs(float(loss.group(1)) + given.mean().item()) < 0.006:
+        problems.append(f"the loss in the status line differs from tfcore's {-given.mean().item():.2f}")
+    for control, value in (("top-k", 5), ("seed", 7)):
+        page.eval_on_selector(f'.book-gpt input[aria-label="{control}"]',
+                              "(e, v) => { e.value = v; e.dispatchEvent(new Event('input')); }", str(value))
+    page.click(".book-gpt button:text-is('sample 10')")
+    sampled = page.eval_on_selector_all(".book-gpt .bg-token.bg-sampled",
+                                        "els => els.map(e => Number(e.title.match(/^id (\\d+)/)[1]))")
+    if sampled != page_gpt.sample(model, ids, 10, 1.0, 5, None, seed=7)[len(ids):]:
+        problems.append("the sample button's tokens differ from tfcore.browser.sample's")
+    page.eval_on_selector('.book-gpt input[aria-label="top-k"]',
+                          "e => { e.value = 0; e.dispatchEvent(new Event('input')); }")
+    page.click(".book-gpt button:text-is('clear the samples')")
+    return problems
+
+
 # ---------------------------------------------------------------- the comparisons can fail
 
 CHECKS = {"tokens": token_problems, "logits": model_problems, "attention": model_problems,
           "greedy": greedy_problems, "sampler": sampler_problems, "bars": bars_problems,
-          "clicked token": clicked_problems}
+          "clicked token": clicked_problems, "widget numbers": widget_numbers_problems}
 
 
 @needs_chromium
