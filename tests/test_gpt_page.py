@@ -456,9 +456,25 @@ def test_tfcore_browser_refuses_what_the_page_cannot_run():
     with pytest.raises(ValueError, match="plain byte-level BPE"):
         page_gpt.tokenizer_tables(prefixed)
     model = page_gpt.rounded_book_gpt()
+    with pytest.raises(ValueError, match="not a position of the 3 tokens"):
+        page_gpt.forward_with_attention(model, [1, 2, 3], query=3)
     model.config.hidden_act = "gelu"
     with pytest.raises(ValueError, match="tanh GELU"):
         page_gpt.weights_file(model)
+
+
+@needs_chromium
+def test_the_page_script_refuses_what_its_model_cannot_take(script_page):
+    """The script's forward pass: a clear error for no tokens, more than 64, an id outside the
+    vocabulary, or a query that is not a position of the tokens."""
+    page = script_page()
+    refusals = {"[]": "the model takes 1 to 64 tokens, got 0",
+                "Array(65).fill(1)": "the model takes 1 to 64 tokens, got 65",
+                "[1, 1000]": "ids[1] is 1000", "[1, 2, 3], 3": "the query is a position from 0 to 2, got 3"}
+    for call, message in refusals.items():
+        said = page.evaluate(f"() => {{ try {{ BookGPT.forward({call}); return 'no error'; }} "
+                             "catch (e) { return e.message; } }")
+        assert message in said, (call, said)
 
 
 def test_the_tables_the_page_gets_are_chapter_24s_tokenizer(reference):
