@@ -5,10 +5,10 @@ network cut, on the data the book's build wrote (``tfcore.browser.page_data_scri
 compared with tfcore:
 
 - token ids with the ``tokenizers`` library's, exactly;
-- logits at every position, and the attention of the last token and of a middle one in every head, with ``tfcore.GPT`` in
-  float64 holding the same 16-bit weights, within ``LOGIT_TOL`` and ``ATTENTION_TOL``: at least ten
-  times what torch's own float32 forward pass differs from float64 (checked below), and below what
-  every planted bug moves (the smallest, GPT-2's GELU with 0.04 for 0.044715, moves the logits by
+- logits at every position, and the attention of the last token and of a middle one in every
+  head, with ``tfcore.GPT`` in float64 holding the same 16-bit weights, within ``LOGIT_TOL`` and
+  ``ATTENTION_TOL``: at least ten times what torch's own float32 forward pass differs from float64
+  (checked below), and below what every planted bug moves (the smallest, GPT-2's GELU with 0.04 for 0.044715, moves the logits by
   at most 0.016; a bug that moves them by less than 1e-4 would pass);
 - greedy tokens with ``tfcore.generate``'s; the filtered distribution with
   ``tfcore.next_token_probs``'s, and sampled tokens with ``tfcore.browser.sample``'s (the same
